@@ -1,0 +1,172 @@
+"""Configuration: defaults, YAML files and ``key.sub=value`` overrides, validated.
+
+Every user mistake (unknown key, wrong type, bad choice, missing file) raises UsageError, which
+train.py turns into a one-line message and a non-zero exit.
+"""
+import copy
+from pathlib import Path
+
+import yaml
+
+
+class UsageError(Exception):
+    """A problem with the user's input: reported in one line, no traceback."""
+
+
+DEFAULTS = {
+    "seed": 0,
+    "device": "auto",              # auto | npu | cuda | cpu
+    "output": None,                # run directory; default runs/<config>-<optimizer>
+    "model": {
+        "width_mult": 1.0,
+        "num_classes": 1000,
+        "resolution": 224,
+        "channels_last": False,
+        "pretrained": None,        # checkpoint to initialise the weights from (ours or ModelZoo)
+    },
+    "data": {
+        "path": None,              # ImageFolder root with train/ and val/, 'synthetic' or 'digits'
+        "batch_size": 256,         # per process
+        "val_batch_size": 256,
+        "workers": 8,
+        "hflip": True,
+        "min_scale": 0.08,         # RandomResizedCrop lower area bound
+        "val_resize_ratio": 0.875, # val: resize to resolution/ratio, centre-crop resolution
+        "synthetic_size": 2048,    # images per epoch for data.path=synthetic
+    },
+    "optim": {
+        "name": "sgd",             # sgd | adam | adamw | rmsprop
+        "impl": "standard",        # standard | fused
+        "lr": 0.1,                 # for the global batch; see lr_scale_batch
+        "lr_scale_batch": 0,       # >0: lr is per this many images and scales with the global batch
+        "momentum": 0.9,
+        "nesterov": False,
+        "weight_decay": 1.0e-4,
+        "no_decay_bn_bias": False, # exclude BatchNorm and bias parameters from weight decay
+        "betas": [0.9, 0.999],     # adam, adamw
+        "eps": 1.0e-8,             # adam, adamw, rmsprop
+        "alpha": 0.99,             # rmsprop smoothing
+    },
+    "schedule": {
+        "name": "step",            # step | cosine
+        "step_epochs": 30,         # step: multiply by gamma every step_epochs
+        "gamma": 0.1,
+        "warmup_epochs": 0.0,      # linear warm-up from warmup_start_factor * lr
+        "warmup_start_factor": 0.1,
+        "min_lr": 0.0,             # cosine floor
+    },
+    "amp": {
+        "level": "O0",             # O0 (fp32) | O1 (autocast) | O2 (half model, fp32 masters)
+        "dtype": "float16",        # float16 | bfloat16
+        "loss_scale": "dynamic",   # dynamic | a number
+        "backend": "auto",         # auto (apex when importable) | apex | native
+    },
+    "train": {
+        "epochs": 90,
+        "label_smoothing": 0.0,
+        "log_every": 50,           # steps between progress lines
+        "keep_checkpoints": 0,     # also keep the last K epoch checkpoints
+        "max_steps_per_epoch": 0,  # >0: cut epochs short (benchmarks, smoke tests)
+    },
+}
+
+CHOICES = {
+    "device": {"auto", "npu", "cuda", "cpu"},
+    "optim.name": {"sgd", "adam", "adamw", "rmsprop"},
+    "optim.impl": {"standard", "fused"},
+    "schedule.name": {"step", "cosine"},
+    "amp.level": {"O0", "O1", "O2"},
+    "amp.dtype": {"float16", "bfloat16"},
+    "amp.backend": {"auto", "apex", "native"},
+}
+POSITIVE = {"model.width_mult", "model.num_classes", "model.resolution", "data.batch_size",
+            "data.val_batch_size", "data.synthetic_size", "train.epochs", "train.log_every",
+            "optim.lr"}
+
+
+def load_yaml(path):
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as e:
+        raise UsageError(f"--config {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"--config {path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: expected a mapping of settings")
+    return data
+
+
+def parse_override(text):
+    """``a.b=value`` -> (["a", "b"], parsed YAML value)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise UsageError(f"override '{text}': expected key.sub=value")
+    try:
+        return key, yaml.safe_load(value) if value else None
+    except yaml.YAMLError:
+        raise UsageError(f"override '{text}': cannot parse the value") from None
+
+
+def set_key(cfg, dotted, value, origin):
+    node, parts = cfg, dotted.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            raise UsageError(f"{origin}: unknown setting '{dotted}'")
+        node = node[part]
+    if parts[-1] not in node or isinstance(node[parts[-1]], dict):
+        raise UsageError(f"{origin}: unknown setting '{dotted}'")
+    node[parts[-1]] = coerce(dotted, node[parts[-1]], value, origin)
+
+
+def coerce(dotted, default, value, origin):
+    """Checks ``value`` against the default's type; ints are accepted where floats are."""
+    def bad(expected):
+        return UsageError(f"{origin}: '{dotted}' must be {expected}, got {value!r}")
+    if default is None or value is None:
+        if value is not None and not isinstance(value, (str, int, float)):
+            raise bad("a string")
+        return value if value is None or isinstance(value, str) else str(value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise bad("true or false")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("a number")
+        value = float(value)
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("an integer")
+    elif isinstance(default, list):
+        if not isinstance(value, list) or len(value) != len(default):
+            raise bad(f"a list of {len(default)}")
+    elif dotted == "amp.loss_scale":
+        if value != "dynamic" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                   or value <= 0):
+            raise bad("'dynamic' or a positive number")
+    elif not isinstance(value, str):
+        raise bad("a string")
+    if dotted in CHOICES and value not in CHOICES[dotted]:
+        raise bad("one of " + "|".join(sorted(CHOICES[dotted])))
+    if dotted in POSITIVE and value <= 0:
+        raise bad("positive")
+    return value
+
+
+def flatten(data, prefix=""):
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def build_config(config_path=None, overrides=()):
+    """Defaults <- YAML file <- overrides (``key.sub=value`` strings)."""
+    cfg = copy.deepcopy(DEFAULTS)
+    if config_path:
+        for key, value in flatten(load_yaml(config_path)):
+            set_key(cfg, key, value, f"--config {config_path}")
+    for text in overrides:
+        key, value = parse_override(text)
+        set_key(cfg, key, value, f"override '{text}'")
+    return cfg

@@ -1,0 +1,84 @@
+"""MobileNetV1 (Howard et al. 2017, Table 1) with the Ascend ModelZoo parameter names.
+
+Layout: ``model`` is a Sequential of the stem conv (index 0), 13 depthwise-separable blocks
+(indices 1-13) and global average pooling (index 14); ``fc`` is the classifier. A stem is
+``[conv, bn, relu]``; a block is ``[dw conv, bn, relu, pw conv, bn, relu]``, so ModelZoo keys such
+as ``model.3.4.running_mean`` load unchanged.
+"""
+import torch
+from torch import nn
+
+from mobilenet.config import UsageError
+
+# (output channels, stride) of the 13 depthwise-separable blocks, Table 1 of the paper.
+BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
+          (512, 1), (512, 1), (512, 1), (512, 1), (512, 1), (1024, 2), (1024, 1)]
+STEM_CHANNELS = 32
+
+
+def conv_bn_relu(inp, oup, kernel, stride, groups=1):
+    return [nn.Conv2d(inp, oup, kernel, stride, kernel // 2, groups=groups, bias=False),
+            nn.BatchNorm2d(oup), nn.ReLU(inplace=True)]
+
+
+class MobileNetV1(nn.Module):
+    def __init__(self, width_mult=1.0, num_classes=1000):
+        super().__init__()
+        if width_mult <= 0 or num_classes < 1:
+            raise ValueError("width_mult must be > 0 and num_classes >= 1")
+        self.width_mult, self.num_classes = width_mult, num_classes
+
+        def width(c):
+            return max(1, int(c * width_mult))
+
+        inp = width(STEM_CHANNELS)
+        layers = [nn.Sequential(*conv_bn_relu(3, inp, 3, 2))]
+        for out, stride in BLOCKS:
+            out = width(out)
+            layers.append(nn.Sequential(*conv_bn_relu(inp, inp, 3, stride, groups=inp),
+                                        *conv_bn_relu(inp, out, 1, 1)))
+            inp = out
+        layers.append(nn.AdaptiveAvgPool2d(1))  # AvgPool2d(7) at 224; any resolution here
+        self.model = nn.Sequential(*layers)
+        self.fc = nn.Linear(inp, num_classes)
+        self._init_weights()
+
+    def _init_weights(self):
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.model(x), 1))
+
+
+def unwrap_state_dict(checkpoint):
+    """Model weights from our checkpoints, ModelZoo ``.pth.tar`` dicts or bare state dicts.
+
+    Removes the ``module.`` prefix that DataParallel/DDP checkpoints carry.
+    """
+    state = checkpoint.get("state_dict", checkpoint)
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def load_weights(model, checkpoint, source="checkpoint"):
+    """Loads weights strictly; a shape or key mismatch is a UsageError naming ``source``."""
+    state = unwrap_state_dict(checkpoint)
+    own = model.state_dict()
+    missing = sorted(own.keys() - state.keys())
+    unexpected = sorted(state.keys() - own.keys())
+    if missing or unexpected:
+        raise UsageError(f"{source}: not a MobileNetV1 checkpoint (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})")
+    for key, value in state.items():
+        if value.shape != own[key].shape:
+            raise UsageError(f"{source}: {key} has shape {tuple(value.shape)}, the model "
+                             f"(width_mult={model.width_mult}, num_classes={model.num_classes}) "
+                             f"needs {tuple(own[key].shape)}")
+    model.load_state_dict(state)

@@ -1,0 +1,56 @@
+"""Train or evaluate MobileNetV1: python train.py [--config X.yaml] [flags] [key.sub=value ...]"""
+import argparse
+import sys
+from pathlib import Path
+
+from mobilenet.config import UsageError, build_config
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config", help="YAML config (default: demo.yaml without --data, "
+                   "synthetic.yaml with --data synthetic, imagenet_1p.yaml with a folder)")
+    p.add_argument("--optimizer", choices=["standard", "fused"], help="optim.impl")
+    p.add_argument("--data", help="ImageFolder root with train/ and val/, 'synthetic' or 'digits'")
+    p.add_argument("--device", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--amp", choices=["O0", "O1", "O2"], help="amp.level")
+    p.add_argument("--epochs", type=int, help="train.epochs")
+    p.add_argument("--output", help="run directory (default runs/<config>-<optimizer>)")
+    p.add_argument("--resume", help="checkpoint to resume from, or 'auto' for the newest in --output")
+    p.add_argument("--evaluate", action="store_true",
+                   help="only evaluate (weights from --resume or model.pretrained)")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="any config setting")
+    return p.parse_args(argv)
+
+
+def default_config(data):
+    if data is None or data == "digits":
+        return CONFIGS / "demo.yaml"
+    return CONFIGS / ("synthetic.yaml" if data == "synthetic" else "imagenet_1p.yaml")
+
+
+def config_from_args(args):
+    config_path = Path(args.config) if args.config else default_config(args.data)
+    flags = {"optim.impl": args.optimizer, "data.path": args.data, "device": args.device,
+             "amp.level": args.amp, "train.epochs": args.epochs}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
+    cfg = build_config(config_path, overrides)
+    cfg["output"] = args.output or cfg["output"] or f"runs/{config_path.stem}-{cfg['optim']['impl']}"
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        from mobilenet.engine import run
+        run(config_from_args(args), resume=args.resume, evaluate_only=args.evaluate)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
