@@ -44,8 +44,9 @@ def config_from_args(args):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        from mobilenet.engine import run
-        run(config_from_args(args), resume=args.resume, evaluate_only=args.evaluate)
+        cfg = config_from_args(args)
+        from mobilenet.engine import run  # torch loads after the config is known to be valid
+        run(cfg, resume=args.resume, evaluate_only=args.evaluate)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

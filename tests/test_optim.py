@@ -1,0 +1,121 @@
+import sys
+
+import pytest
+import torch
+
+import standin_torch_npu
+from mobilenet.model import MobileNetV1
+from mobilenet.optim import (build_optimizer, describe_optimizer, lr_factor_fn, zero_grad)
+
+FAMILIES = ["sgd", "adam", "adamw", "rmsprop"]
+
+
+def train_steps(impl, name, steps=4, no_decay_bn_bias=False):
+    torch.manual_seed(0)
+    model = MobileNetV1(width_mult=0.25, num_classes=10)
+    optimizer = build_optimizer(model, name, impl, lr=0.01, momentum=0.9, weight_decay=1e-4,
+                                no_decay_bn_bias=no_decay_bn_bias)
+    data = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        images = torch.randn(8, 3, 32, 32, generator=data)
+        labels = torch.randint(0, 10, (8,), generator=data)
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        zero_grad(optimizer)
+    return model, optimizer
+
+
+def assert_same_weights(a, b, initial):
+    """Equal tensors (fp32 tolerance) in dicts a and b, most of them changed from initial."""
+    moved = 0
+    for (key, x), y, x0 in zip(a.items(), b.values(), initial.values()):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=key)
+        moved += x.dtype.is_floating_point and not torch.equal(x, x0)
+    assert moved > 50  # the steps really changed the weights
+
+
+def test_fused_sgd_trains_like_standard():
+    """Forward, backward and step through the network: the recipe's optimizer, 4 steps."""
+    torch.manual_seed(0)
+    initial = MobileNetV1(width_mult=0.25, num_classes=10)
+    standard, _ = train_steps("standard", "sgd")
+    fused, _ = train_steps("fused", "sgd")
+    assert_same_weights(standard.state_dict(), fused.state_dict(), initial.state_dict())
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_fused_update_rule_matches_standard(name):
+    """Both implementations fed the same gradients for 8 steps. (Trained through the network,
+    Adam's normalised steps amplify last-bit differences chaotically, so the update rule is what
+    is compared for every family.)"""
+    torch.manual_seed(0)
+    initial = MobileNetV1(width_mult=0.25, num_classes=10)
+    models = [MobileNetV1(0.25, 10) for _ in range(2)]
+    for m in models:
+        m.load_state_dict(initial.state_dict())
+    optimizers = [build_optimizer(m, name, impl, lr=0.01, momentum=0.9, weight_decay=1e-4)
+                  for m, impl in zip(models, ("standard", "fused"))]
+    data = torch.Generator().manual_seed(1)
+    for _ in range(8):
+        images = torch.randn(8, 3, 32, 32, generator=data)
+        labels = torch.randint(0, 10, (8,), generator=data)
+        torch.nn.functional.cross_entropy(models[0](images), labels).backward()
+        for p, q in zip(models[0].parameters(), models[1].parameters()):
+            q.grad = p.grad.clone()
+        for optimizer in optimizers:
+            optimizer.step()
+            zero_grad(optimizer)
+    assert_same_weights(*(dict(m.named_parameters()) for m in (*models, initial)))
+
+
+@pytest.mark.parametrize("name,impl,expected", [
+    ("sgd", "standard", "SGD (per-parameter loop, foreach=False)"),
+    ("sgd", "fused", "SGD (fused kernel)"),
+    ("adamw", "fused", "AdamW (fused kernel)"),
+    ("rmsprop", "fused", "RMSprop (multi-tensor foreach: torch has no fused RMSprop kernel)"),
+])
+def test_implementation_per_impl_on_cpu(name, impl, expected):
+    optimizer = build_optimizer(MobileNetV1(0.25, 10), name, impl, lr=0.1)
+    assert describe_optimizer(optimizer) == expected
+
+
+def test_no_weight_decay_on_bn_and_bias():
+    model = MobileNetV1()
+    groups = build_optimizer(model, weight_decay=1e-4, no_decay_bn_bias=True).param_groups
+    assert [g["weight_decay"] for g in groups] == [1e-4, 0.0]
+    assert len(groups[0]["params"]) == 28  # 27 conv weights + fc weight
+    assert len(groups[1]["params"]) == 55  # 27 BN (weight, bias) pairs + fc bias
+    sgd, _ = train_steps("standard", "sgd", no_decay_bn_bias=True)
+    assert sgd is not None
+
+
+@pytest.mark.parametrize("name,cls", [("sgd", "NpuFusedSGD"), ("adam", "NpuFusedAdam"),
+                                      ("adamw", "NpuFusedAdamW"), ("rmsprop", "NpuFusedRMSprop")])
+def test_npu_fused_selection_with_stand_in(monkeypatch, name, cls):
+    monkeypatch.setitem(sys.modules, "torch_npu", standin_torch_npu)
+    model = MobileNetV1(0.25, 10)
+    optimizer = build_optimizer(model, name, "fused", lr=0.1, device="npu:0")
+    assert type(optimizer).__name__ == cls
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    optimizer.step()
+    zero_grad(optimizer)  # the stand-in raises ValueError on set_to_none=True, as NpuFused does
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    standard = build_optimizer(model, name, "standard", lr=0.1, device="npu:0")
+    assert type(standard).__module__ == "torch.optim." + type(standard).__name__.lower()
+
+
+def test_step_schedule_is_the_modelzoo_recipe():
+    factor = lr_factor_fn("step", steps_per_epoch=10, epochs=90, step_epochs=30, gamma=0.1)
+    assert [factor(e * 10) for e in (0, 29, 30, 59, 60, 89)] == pytest.approx(
+        [1, 1, 0.1, 0.1, 0.01, 0.01])
+
+
+def test_warmup_then_cosine():
+    factor = lr_factor_fn("cosine", steps_per_epoch=10, epochs=10, warmup_epochs=2,
+                          warmup_start_factor=0.1, min_factor=0.01)
+    assert factor(0) == pytest.approx(0.1)
+    assert factor(10) == pytest.approx(0.55)
+    assert factor(20) == pytest.approx(1.0)
+    assert factor(60) == pytest.approx(0.01 + 0.99 * 0.5)
+    assert factor(100) == pytest.approx(0.01)
+    assert all(factor(s) >= factor(s + 1) for s in range(20, 100))
