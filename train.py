@@ -22,7 +22,7 @@ def parse_args(argv):
     p.add_argument("--evaluate", action="store_true",
                    help="only evaluate (weights from --resume or model.pretrained)")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="any config setting")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
 
 
 def default_config(data):

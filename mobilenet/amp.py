@@ -72,8 +72,10 @@ class Precision:
     """O0: plain fp32 training. Subclasses override the hooks the engine calls."""
 
     level, backend = "O0", "none"
+    input_dtype = torch.float32  # what the prefetcher hands the model
 
     def optimizer_params(self, model):
+        """The tensors the optimizer updates (prepares the model first where a level needs it)."""
         return model.parameters()
 
     def initialize(self, model, optimizer):
@@ -94,6 +96,13 @@ class Precision:
     def metrics(self):
         """Scalars for the log: loss scale and skipped steps (tensors, read when logged)."""
         return {}
+
+    def model_state_dict(self, model):
+        """The weights a checkpoint holds (fp32 where the level keeps fp32 masters)."""
+        return model.state_dict()
+
+    def load_model_state_dict(self, model, state):
+        """After the model loaded ``state`` (a full-precision state dict)."""
 
     def state_dict(self):
         return {}
@@ -129,6 +138,50 @@ class NativeAutocast(Precision):
 
     def load_state_dict(self, state):
         self.scaler.load_state_dict(state["scaler"])
+
+
+class NativeMasterWeights(NativeAutocast):
+    """O2: the model in half precision except BatchNorm (as apex O2 does), fp32 master copies of
+    all parameters owned by the optimizer. Per step, with multi-tensor ops only: copy the half
+    grads into the fp32 master grads, unscale and check them, step, copy the masters back."""
+
+    def __init__(self, level, dtype, loss_scale, device):
+        super().__init__(level, dtype, loss_scale, device)
+        self.input_dtype = dtype
+
+    def optimizer_params(self, model):
+        self.names = [name for name, _ in model.named_parameters()]
+        self.masters = [p.detach().clone().float().requires_grad_() for p in model.parameters()]
+        for master in self.masters:
+            master.grad = torch.zeros_like(master)
+        model.to(self.dtype)
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.float()
+        self.model_params = list(model.parameters())
+        return self.masters
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def step(self, model, optimizer):
+        master_grads = [m.grad for m in self.masters]
+        torch._foreach_copy_(master_grads, [p.grad for p in self.model_params])
+        self.scaler.unscale_and_check(master_grads)
+        self.scaler.step(optimizer)
+        with torch.no_grad():
+            torch._foreach_copy_(self.model_params, self.masters)
+
+    def zero_grad(self, model, optimizer):
+        model.zero_grad(set_to_none=True)  # the master grads are overwritten each step
+
+    def model_state_dict(self, model):
+        return {**model.state_dict(), **dict(zip(self.names, (m.detach() for m in self.masters)))}
+
+    def load_model_state_dict(self, model, state):
+        with torch.no_grad():
+            for name, master in zip(self.names, self.masters):
+                master.copy_(state[name])
 
 
 class ApexAmp(Precision):
@@ -169,6 +222,5 @@ def build_precision(amp_cfg, device):
     if apex_amp is not None:
         return ApexAmp(apex_amp, level, amp_cfg["loss_scale"])
     dtype = getattr(torch, amp_cfg["dtype"])
-    if level == "O1":
-        return NativeAutocast(level, dtype, amp_cfg["loss_scale"], device)
-    raise UsageError("amp.level=O2 needs apex (native O2 is not implemented yet): use O1")
+    native = NativeAutocast if level == "O1" else NativeMasterWeights
+    return native(level, dtype, amp_cfg["loss_scale"], device)

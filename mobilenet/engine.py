@@ -15,7 +15,7 @@ from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
 from mobilenet.device import describe, peak_memory_mb, resolve_device, synchronize
 from mobilenet.distributed import all_reduce_sum, destroy, init_process_group, world_from_env, wrap_ddp
 from mobilenet.logging import RunLogger
-from mobilenet.model import MobileNetV1, load_weights
+from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
 from mobilenet.optim import build_optimizer, build_scheduler, describe_optimizer
 
 
@@ -148,12 +148,12 @@ def train_one_epoch(t, epoch):
     loss_sum = torch.zeros((), device=t.device)
     start = interval_start = time.perf_counter()
     interval_steps = 0
-    batches = DevicePrefetcher(t.train_loader, t.device, t.cfg["model"]["channels_last"])
+    batches = prefetch(t, t.train_loader)
     for i, (images, labels) in enumerate(batches):
         if i == steps:
             break
         with t.precision.autocast():
-            loss = t.criterion(t.model(images), labels)
+            loss = t.criterion(t.model(images).float(), labels)
         t.precision.backward(loss, t.optimizer)
         t.precision.step(t.model, t.optimizer)
         t.precision.zero_grad(t.model, t.optimizer)
@@ -171,6 +171,11 @@ def train_one_epoch(t, epoch):
     return steps * batch_global, time.perf_counter() - start
 
 
+def prefetch(t, loader):
+    return DevicePrefetcher(loader, t.device, t.cfg["model"]["channels_last"],
+                            t.precision.input_dtype)
+
+
 def log_step(t, epoch, step, steps, loss, img_per_s):
     lr = t.optimizer.param_groups[0]["lr"]
     extra = {k: float(v) for k, v in t.precision.metrics().items()}
@@ -186,7 +191,7 @@ def evaluate(t):
     """Top-1/top-5 (%) over the whole val set; each process counts its exact share."""
     t.net.eval()
     counts = torch.zeros(3, device=t.device, dtype=torch.float64)  # top1, top5, images
-    for images, labels in DevicePrefetcher(t.val_loader, t.device, t.cfg["model"]["channels_last"]):
+    for images, labels in prefetch(t, t.val_loader):
         with t.precision.autocast():
             logits = t.net(images)
         k = min(5, logits.shape[1])
@@ -199,7 +204,7 @@ def evaluate(t):
 
 
 def checkpoint_state(t):
-    return {"epoch": t.epoch, "arch": "mobilenet_v1", "state_dict": t.net.state_dict(),
+    return {"epoch": t.epoch, "arch": "mobilenet_v1", "state_dict": t.precision.model_state_dict(t.net),
             "best_prec1": t.best_top1, "optimizer": t.optimizer.state_dict(),
             "scheduler": t.scheduler.state_dict(), "amp": t.precision.state_dict(),
             "config": t.cfg}
@@ -216,6 +221,7 @@ def restore(t, resume):
     else:
         state = ckpt.load_checkpoint(resume)
     load_weights(t.net, state, str(resume))
+    t.precision.load_model_state_dict(t.net, unwrap_state_dict(state))
     if "optimizer" in state and "scheduler" in state:
         t.optimizer.load_state_dict(state["optimizer"])
         t.scheduler.load_state_dict(state["scheduler"])

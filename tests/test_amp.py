@@ -1,0 +1,102 @@
+import json
+
+import pytest
+import torch
+
+import train
+from conftest import TINY
+from mobilenet.amp import NativeAutocast, NativeMasterWeights, build_precision
+from mobilenet.checkpoint import load_checkpoint
+from mobilenet.model import MobileNetV1
+from mobilenet.optim import build_optimizer
+
+CPU = torch.device("cpu")
+
+
+def amp_cfg(level, dtype="float16", loss_scale="dynamic"):
+    return {"level": level, "dtype": dtype, "loss_scale": loss_scale, "backend": "auto"}
+
+
+def o2_setup(impl, dtype="float16", loss_scale="dynamic"):
+    torch.manual_seed(0)
+    model = MobileNetV1(0.25, 10)
+    precision = build_precision(amp_cfg("O2", dtype, loss_scale), CPU)
+    optimizer = build_optimizer(model, "sgd", impl, lr=0.1, params=precision.optimizer_params(model))
+    return model, precision, optimizer
+
+
+def test_native_selected_without_apex():
+    assert type(build_precision(amp_cfg("O1"), CPU)) is NativeAutocast
+    assert type(build_precision(amp_cfg("O2"), CPU)) is NativeMasterWeights
+
+
+def test_o2_half_model_fp32_batchnorm_and_masters():
+    model, precision, optimizer = o2_setup("fused")
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            bn = isinstance(module, torch.nn.BatchNorm2d)
+            assert p.dtype == (torch.float32 if bn else torch.float16)
+    owned = [p for group in optimizer.param_groups for p in group["params"]]
+    assert len(owned) == 83 and all(p.dtype == torch.float32 for p in owned)
+    assert precision.input_dtype == torch.float16
+
+
+def step(model, precision, optimizer, inject_inf=False):
+    data = torch.Generator().manual_seed(2)
+    images = torch.randn(8, 3, 32, 32, generator=data).to(precision.input_dtype)
+    labels = torch.randint(0, 10, (8,), generator=data)
+    loss = torch.nn.functional.cross_entropy(model(images).float(), labels)
+    precision.backward(loss, optimizer)
+    if inject_inf:
+        model.fc.weight.grad[0, 0] = float("inf")
+    precision.step(model, optimizer)
+    precision.zero_grad(model, optimizer)
+
+
+@pytest.mark.parametrize("impl", ["standard", "fused"])
+def test_injected_inf_skips_exactly_one_step_and_halves_the_scale(impl):
+    model, precision, optimizer = o2_setup(impl)
+    step(model, precision, optimizer)  # may overflow at the initial scale 2**16 too
+    scale, skipped = precision.scaler.scale.item(), precision.scaler.skipped.item()
+    masters = [m.detach().clone() for m in precision.masters]
+    weights = {k: v.detach().clone() for k, v in model.named_parameters()}
+    step(model, precision, optimizer, inject_inf=True)
+    assert all(torch.equal(a, b) for a, b in zip(masters, precision.masters))
+    assert all(torch.equal(v, p) for v, p in zip(weights.values(), model.parameters()))
+    assert precision.scaler.scale.item() == scale / 2
+    assert precision.scaler.skipped.item() == skipped + 1
+    for _ in range(3):  # 2**13 at most: clean steps update the masters again
+        step(model, precision, optimizer)
+    assert not torch.equal(masters[0], precision.masters[0])
+    # the model holds the half-precision copy of the updated masters
+    torch.testing.assert_close(model.fc.weight, precision.masters[-2].half())
+
+
+def test_static_scale_stays_after_an_overflow():
+    model, precision, optimizer = o2_setup("fused", loss_scale=1024)
+    step(model, precision, optimizer, inject_inf=True)
+    assert precision.scaler.scale.item() == 1024 and precision.scaler.skipped.item() == 1
+
+
+@pytest.mark.parametrize("level,impl", [("O1", "standard"), ("O1", "fused"), ("O2", "fused")])
+def test_one_optimizer_step_per_iteration_and_checkpointed_state(tmp_path, digits, level, impl):
+    """Adam counts its steps: with 2 epochs of 6 iterations, steps + skipped must be 12."""
+    out = tmp_path / "run"
+    args = ["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *TINY,
+            "--amp", level, "--optimizer", impl, "optim.name=adam", "optim.lr=0.001",
+            "amp.dtype=bfloat16", "train.max_steps_per_epoch=6", "--epochs", "2"]
+    assert train.main(args) == 0
+    state = load_checkpoint(out / "checkpoints" / "last.pt")
+    adam_steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
+    skipped = state["amp"]["scaler"]["skipped"]
+    assert len(adam_steps) == 1 and adam_steps.pop() + skipped == 12
+    assert all(v.dtype == torch.float32 for v in state["state_dict"].values()
+               if v.dtype.is_floating_point)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("loss_scale" in r and "skipped_steps" in r for r in records if r["kind"] == "train")
+
+    resumed = train.main(args[:-1] + ["3", "--resume", "auto"])
+    assert resumed == 0
+    state3 = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert state3["epoch"] == 3
+    assert state3["amp"]["scaler"]["scale"] >= state["amp"]["scaler"]["scale"] / 2 ** 6
