@@ -22,6 +22,7 @@ DEFAULTS = {
         "num_classes": 1000,
         "resolution": 224,
         "channels_last": False,
+        "sync_bn": False,          # SyncBatchNorm across processes (cuda/npu, more than one process)
         "pretrained": None,        # checkpoint to initialise the weights from (ours or ModelZoo)
     },
     "data": {
@@ -67,6 +68,8 @@ DEFAULTS = {
         "log_every": 50,           # steps between progress lines
         "keep_checkpoints": 0,     # also keep the last K epoch checkpoints
         "max_steps_per_epoch": 0,  # >0: cut epochs short (benchmarks, smoke tests)
+        "freeze_bn": False,        # BatchNorm uses running statistics while training (fine-tuning
+                                   # with small per-card batches; makes results batch-split invariant)
     },
 }
 

@@ -63,6 +63,10 @@ def build_trainer(cfg, world, device):
     net = MobileNetV1(cfg["model"]["width_mult"], cfg["model"]["num_classes"])
     if cfg["model"]["pretrained"]:
         load_weights(net, ckpt.load_checkpoint(cfg["model"]["pretrained"]), cfg["model"]["pretrained"])
+    if cfg["model"]["sync_bn"] and world.size > 1:
+        if device.type == "cpu":
+            raise UsageError("model.sync_bn=true needs cuda or npu (torch has no SyncBatchNorm on cpu)")
+        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     memory_format = torch.channels_last if cfg["model"]["channels_last"] else torch.contiguous_format
     net = net.to(device, memory_format=memory_format)
     precision = build_precision(cfg["amp"], device)
@@ -142,6 +146,10 @@ def len_steps(t):
 def train_one_epoch(t, epoch):
     """One pass over the training data; returns (images seen by all processes, seconds)."""
     t.model.train()
+    if t.cfg["train"]["freeze_bn"]:
+        for module in t.net.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.eval()
     t.train_loader.sampler.set_epoch(epoch)
     steps, log_every = len_steps(t), t.cfg["train"]["log_every"]
     batch_global = t.cfg["data"]["batch_size"] * t.world.size
@@ -163,7 +171,8 @@ def train_one_epoch(t, epoch):
         if (i + 1) % log_every == 0 or i + 1 == steps:
             synchronize(t.device)
             now = time.perf_counter()
-            log_step(t, epoch, i + 1, steps, loss_sum.item() / interval_steps,
+            loss_mean = all_reduce_sum(loss_sum).item() / interval_steps / t.world.size
+            log_step(t, epoch, i + 1, steps, loss_mean,
                      batch_global * interval_steps / (now - interval_start))
             loss_sum.zero_()
             interval_start, interval_steps = now, 0

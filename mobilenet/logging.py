@@ -1,7 +1,8 @@
 """Run output of rank 0: console lines, TensorBoard scalars and metrics.jsonl."""
 import json
-import sys
 from pathlib import Path
+
+from mobilenet.config import UsageError
 
 
 class RunLogger:
@@ -12,9 +13,12 @@ class RunLogger:
         self.tensorboard = self.metrics = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
-            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            try:
+                Path(run_dir).mkdir(parents=True, exist_ok=True)
+                self.metrics = open(Path(run_dir) / "metrics.jsonl", "a")
+            except OSError as e:
+                raise UsageError(f"--output {run_dir}: cannot write there ({e.strerror})") from None
             self.tensorboard = SummaryWriter(str(run_dir))
-            self.metrics = open(Path(run_dir) / "metrics.jsonl", "a")
 
     def info(self, message):
         if self.enabled:
@@ -34,7 +38,3 @@ class RunLogger:
         if self.enabled:
             self.tensorboard.close()
             self.metrics.close()
-
-
-def error(message):
-    print(f"error: {message}", file=sys.stderr, flush=True)
