@@ -48,7 +48,9 @@ def main(argv=None):
         from mobilenet.engine import run  # torch loads after the config is known to be valid
         run(cfg, resume=args.resume, evaluate_only=args.evaluate)
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # raised in a DataLoader worker, the message carries the worker's traceback: keep its end
+        message = str(e).strip().splitlines()[-1].removeprefix("mobilenet.config.UsageError: ")
+        print(f"error: {message}", file=sys.stderr)
         return 2
     return 0
 

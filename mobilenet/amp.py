@@ -73,6 +73,7 @@ class Precision:
 
     level, backend = "O0", "none"
     input_dtype = torch.float32  # what the prefetcher hands the model
+    dynamic_loss_scale = False   # True: steps with non-finite grads are skipped, not fatal
 
     def optimizer_params(self, model):
         """The tensors the optimizer updates (prepares the model first where a level needs it)."""
@@ -119,6 +120,7 @@ class NativeAutocast(Precision):
     def __init__(self, level, dtype, loss_scale, device):
         self.level, self.dtype, self.device_type = level, dtype, device.type
         self.scaler = LossScaler(loss_scale, device)
+        self.dynamic_loss_scale = self.scaler.dynamic
 
     def autocast(self):
         return torch.autocast(self.device_type, dtype=self.dtype)
@@ -191,6 +193,7 @@ class ApexAmp(Precision):
 
     def __init__(self, amp_module, level, loss_scale):
         self.amp, self.level, self.loss_scale = amp_module, level, loss_scale
+        self.dynamic_loss_scale = loss_scale == "dynamic"
 
     def initialize(self, model, optimizer):
         return self.amp.initialize(model, optimizer, opt_level=self.level,

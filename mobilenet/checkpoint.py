@@ -68,6 +68,9 @@ class CheckpointSaver:
     def last(self):
         return self.folder / "last.pt"
 
+    def save_last(self, state):
+        save_atomic(state, self.last)
+
     def save(self, state, epoch, is_best):
         save_atomic(state, self.last)
         if is_best:
@@ -80,7 +83,9 @@ class CheckpointSaver:
 
 def load_latest(run_dir):
     """(path, checkpoint) of the newest loadable checkpoint in ``run_dir``/checkpoints, or None."""
-    candidates = sorted(Path(run_dir).glob("checkpoints/*.pt"), key=os.path.getmtime, reverse=True)
+    def newest_first(path):  # best.pt can be a hard link of last.pt: same mtime, prefer last
+        return os.path.getmtime(path), path.name == "last.pt"
+    candidates = sorted(Path(run_dir).glob("checkpoints/*.pt"), key=newest_first, reverse=True)
     for path in candidates:
         try:
             return path, load_checkpoint(path)

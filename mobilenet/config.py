@@ -34,6 +34,7 @@ DEFAULTS = {
         "min_scale": 0.08,         # RandomResizedCrop lower area bound
         "val_resize_ratio": 0.875, # val: resize to resolution/ratio, centre-crop resolution
         "synthetic_size": 2048,    # images per epoch for data.path=synthetic
+        "strict": False,           # an unreadable image stops the run instead of being skipped
     },
     "optim": {
         "name": "sgd",             # sgd | adam | adamw | rmsprop
@@ -133,6 +134,7 @@ def coerce(dotted, default, value, origin):
         if not isinstance(value, bool):
             raise bad("true or false")
     elif isinstance(default, float):
+        value = to_number(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad("a number")
         value = float(value)
@@ -143,6 +145,7 @@ def coerce(dotted, default, value, origin):
         if not isinstance(value, list) or len(value) != len(default):
             raise bad(f"a list of {len(default)}")
     elif dotted == "amp.loss_scale":
+        value = to_number(value) if value != "dynamic" else value
         if value != "dynamic" and (isinstance(value, bool) or not isinstance(value, (int, float))
                                    or value <= 0):
             raise bad("'dynamic' or a positive number")
@@ -152,6 +155,16 @@ def coerce(dotted, default, value, origin):
         raise bad("one of " + "|".join(sorted(CHOICES[dotted])))
     if dotted in POSITIVE and value <= 0:
         raise bad("positive")
+    return value
+
+
+def to_number(value):
+    """YAML 1.1 reads 1e-4 (no dot) as a string; take it as the number it is meant to be."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
     return value
 
 

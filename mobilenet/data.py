@@ -3,13 +3,16 @@
 Workers decode and augment to uint8 tensors; conversion to float, normalisation and the memory
 format happen on the device, so host-to-device copies are 4x smaller.
 """
+import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
+from PIL import Image
 from torchvision import datasets, transforms
 
 from mobilenet.config import UsageError
@@ -24,7 +27,6 @@ def build_digits(root=DIGITS_ROOT, size=32, val_fraction=0.2, seed=0):
 
     Stratified train/val split; built in a temporary folder and renamed, so it is never partial.
     """
-    from PIL import Image
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -60,6 +62,50 @@ def val_transform(resolution, resize_ratio):
                                transforms.CenterCrop(resolution), transforms.PILToTensor()])
 
 
+def sample_key(key):
+    """Keys are an index (val) or (index, augmentation seed) from ResumableSampler (train)."""
+    return key if isinstance(key, tuple) else (key, None)
+
+
+class ImageFolderRGB(datasets.ImageFolder):
+    """ImageFolder that decodes every image to RGB (CMYK and grayscale JPEGs, PNGs named .JPEG),
+    seeds the augmentation of each sample from its key, and substitutes the next image for an
+    unreadable one with one warning naming it (``strict``: a UsageError instead)."""
+
+    def __init__(self, root, transform, strict=False):
+        super().__init__(root, transform)
+        self.strict = strict
+        self.unreadable = multiprocessing.Value("i", 0)  # shared with the loader's workers
+
+    def read(self, index):
+        path, label = self.samples[index]
+        try:
+            with open(path, "rb") as f:
+                return Image.open(f).convert("RGB"), label
+        except (OSError, SyntaxError, ValueError) as e:  # what PIL raises for broken files
+            if self.strict:
+                raise UsageError(f"{path}: unreadable image ({e}); data.strict=true stops here") from None
+            print(f"warning: skipping unreadable image {path} ({e})", file=sys.stderr, flush=True)
+            with self.unreadable.get_lock():
+                self.unreadable.value += 1
+            return None
+
+    def __getitem__(self, key):
+        index, seed = sample_key(key)
+        for offset in range(len(self)):
+            sample = self.read((index + offset) % len(self))
+            if sample is not None:
+                break
+        else:
+            raise UsageError(f"{self.root}: no readable image")
+        image, label = sample
+        if seed is None:
+            return self.transform(image), label
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(image), label
+
+
 class SyntheticImages(Dataset):
     """Random uint8 images with labels, for throughput runs without a dataset on disk."""
 
@@ -75,16 +121,17 @@ class SyntheticImages(Dataset):
     def __len__(self):
         return self.size
 
-    def __getitem__(self, index):
+    def __getitem__(self, key):
+        index, _ = sample_key(key)
         return self.images[index % self.POOL], index % self.num_classes
 
 
-def image_folder(root, subset, transform):
+def image_folder(root, subset, transform, strict):
     folder = Path(root) / subset
     if not folder.is_dir():
         raise UsageError(f"--data {root}: no '{subset}' folder (expected {root}/{subset}/<class>/*.JPEG)")
     try:
-        return datasets.ImageFolder(folder, transform)
+        return ImageFolderRGB(folder, transform, strict)
     except (FileNotFoundError, OSError) as e:
         raise UsageError(f"--data {root}: {subset}: {e}") from None
 
@@ -100,8 +147,9 @@ def build_datasets(data, model):
                 SyntheticImages(val_size, resolution, model["num_classes"], seed=1))
     if path == "digits":
         path = DIGITS_ROOT if DIGITS_ROOT.is_dir() else build_digits()
-    train = image_folder(path, "train", train_transform(resolution, data["min_scale"], data["hflip"]))
-    val = image_folder(path, "val", val_transform(resolution, data["val_resize_ratio"]))
+    train = image_folder(path, "train", train_transform(resolution, data["min_scale"], data["hflip"]),
+                         data["strict"])
+    val = image_folder(path, "val", val_transform(resolution, data["val_resize_ratio"]), data["strict"])
     if train.classes != val.classes:
         raise UsageError(f"--data {path}: train has {len(train.classes)} classes, val has "
                          f"{len(val.classes)}, or their names differ")
@@ -109,6 +157,30 @@ def build_datasets(data, model):
         raise UsageError(f"--data {path}: {len(train.classes)} classes, but "
                          f"model.num_classes={model['num_classes']}")
     return train, val
+
+
+class ResumableSampler(Sampler):
+    """DistributedSampler's seeded per-epoch shuffle and shard (drop_last), which can start
+    mid-epoch, and yields (index, seed): each sample's augmentation depends only on the seed, the
+    epoch and its index, so a resumed run sees exactly the images an uninterrupted one would."""
+
+    def __init__(self, length, rank=0, world=1, seed=0):
+        self.length, self.rank, self.world, self.seed = length, rank, world, seed
+        self.per_rank = length // world
+        self.epoch = self.start = 0
+
+    def set_epoch(self, epoch, start=0):
+        """``start``: samples of this process's share already trained in this epoch."""
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self):
+        order = torch.randperm(self.length, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        mine = order[:self.per_rank * self.world][self.rank::self.world].tolist()
+        base = (self.seed * 1_000_003 + self.epoch) * self.length
+        return ((index, base + index) for index in mine[self.start:])
+
+    def __len__(self):
+        return self.per_rank - self.start
 
 
 class ShardSampler(Sampler):
@@ -125,11 +197,10 @@ class ShardSampler(Sampler):
 
 
 def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False):
-    """Train: a seeded shuffle per epoch (DistributedSampler, also for one process), full batches.
-    Val: this process's exact share."""
+    """Train: a seeded, resumable shuffle per epoch, full batches. Val: this process's exact share."""
     common = {"num_workers": data["workers"], "pin_memory": pin_memory,
               "persistent_workers": data["workers"] > 0}
-    sampler = DistributedSampler(train_set, world, rank, shuffle=True, seed=seed, drop_last=True)
+    sampler = ResumableSampler(len(train_set), rank, world, seed)
     train = DataLoader(train_set, batch_size=data["batch_size"], sampler=sampler, drop_last=True,
                        **common)
     val = DataLoader(val_set, batch_size=data["val_batch_size"],

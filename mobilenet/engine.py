@@ -1,5 +1,7 @@
 """Training and evaluation: builds everything from the config, runs the epochs, writes the run."""
 import json
+import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +14,7 @@ from mobilenet import checkpoint as ckpt
 from mobilenet.amp import build_precision
 from mobilenet.config import UsageError
 from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
-from mobilenet.device import describe, peak_memory_mb, resolve_device, synchronize
+from mobilenet.device import describe, device_module, peak_memory_mb, resolve_device, synchronize
 from mobilenet.distributed import all_reduce_sum, destroy, init_process_group, world_from_env, wrap_ddp
 from mobilenet.logging import RunLogger
 from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
@@ -33,8 +35,40 @@ class Trainer:
     val_loader: object
     log: RunLogger
     criterion: nn.Module
+    steps: int                 # per epoch (fixed: the loader shortens when resuming mid-epoch)
     epoch: int = 0             # epochs completed
+    step: int = 0              # batches done in the epoch under way
     best_top1: float = 0.0
+
+
+class StopOnSignal:
+    """SIGTERM/SIGINT ask the run to stop after the current step (a second SIGINT interrupts).
+
+    Distributed ranks agree through an all-reduce at log steps and epoch ends, so all stop at the
+    same step; a single process stops at the next step."""
+
+    def __init__(self, world, device):
+        self.world, self.device, self.received = world, device, None
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def handle(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def should_stop(self, can_sync):
+        if self.world.size == 1:
+            return self.received is not None
+        if not can_sync:
+            return False
+        flag = torch.tensor(float(self.received is not None), device=self.device)
+        return all_reduce_sum(flag).item() > 0
 
 
 def run(cfg, resume=None, evaluate_only=False):
@@ -87,7 +121,7 @@ def build_trainer(cfg, world, device):
              f"batch {cfg['data']['batch_size']} per process x {world.size} = "
              f"{cfg['data']['batch_size'] * world.size} global, {steps} steps/epoch")
     return Trainer(cfg, world, device, model, net, precision, optimizer, scheduler, train_loader,
-                   val_loader, log, criterion)
+                   val_loader, log, criterion, steps)
 
 
 def make_optimizer(cfg, params, net, device, world):
@@ -111,24 +145,33 @@ def fit(t):
     saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"])
     train_images = train_time = 0.0
     top1 = top5 = 0.0
-    for epoch in range(t.epoch, cfg["train"]["epochs"]):
-        images, seconds = train_one_epoch(t, epoch)
-        train_images, train_time = train_images + images, train_time + seconds
-        top1, top5 = evaluate(t)
-        t.epoch = epoch + 1
-        is_best = top1 > t.best_top1
-        t.best_top1 = max(t.best_top1, top1)
-        log.info(f" * Acc@1 {top1:.3f} Acc@5 {top5:.3f}  (epoch {epoch}, best {t.best_top1:.3f})")
-        log.record("val", t.epoch * len_steps(t), epoch=epoch, top1=top1, top5=top5,
-                   epoch_time_s=seconds)
-        if t.world.is_main:
-            saver.save(checkpoint_state(t), t.epoch, is_best)
+    with StopOnSignal(t.world, t.device) as stop:
+        while t.epoch < cfg["train"]["epochs"]:
+            epoch = t.epoch
+            images, seconds = train_one_epoch(t, epoch, stop)
+            train_images, train_time = train_images + images, train_time + seconds
+            if t.step < t.steps:  # stopped by a signal mid-epoch
+                return stopped(t, saver, stop)
+            top1, top5 = evaluate(t)
+            t.epoch, t.step = epoch + 1, 0
+            is_best = top1 > t.best_top1
+            t.best_top1 = max(t.best_top1, top1)
+            log.info(f" * Acc@1 {top1:.3f} Acc@5 {top5:.3f}  (epoch {epoch}, best {t.best_top1:.3f})")
+            log.record("val", t.epoch * t.steps, epoch=epoch, top1=top1, top5=top5,
+                       epoch_time_s=seconds)
+            if t.world.is_main:
+                saver.save(checkpoint_state(t), t.epoch, is_best)
+            if t.epoch < cfg["train"]["epochs"] and stop.should_stop(can_sync=True):
+                return stopped(t, saver, stop)
+    unreadable = int(all_reduce_sum(torch.tensor(unreadable_count(t))).item())
     summary = {"top1": top1, "top5": top5, "best_top1": t.best_top1, "epochs": t.epoch,
                "img_per_s": train_images / train_time if train_time else 0.0,
                "optimizer": cfg["optim"]["impl"], "optimizer_class": describe_optimizer(t.optimizer),
                "device": t.device.type, "amp": cfg["amp"]["level"], "world_size": t.world.size,
                "global_batch": cfg["data"]["batch_size"] * t.world.size,
-               "peak_memory_mb": round(peak_memory_mb(t.device), 1)}
+               "peak_memory_mb": round(peak_memory_mb(t.device), 1), "unreadable_images": unreadable}
+    if unreadable:
+        log.info(f"warning: {unreadable} reads of unreadable images were skipped (see the warnings)")
     if t.world.is_main:
         out = Path(cfg["output"])
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -139,25 +182,38 @@ def fit(t):
     return summary
 
 
-def len_steps(t):
-    return steps_per_epoch(t.cfg, t.train_loader)
+def stopped(t, saver, stop):
+    """After SIGTERM/SIGINT: a resumable last.pt, and how to resume."""
+    if t.world.is_main:
+        saver.save_last(checkpoint_state(t))
+    t.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {t.epoch} step "
+               f"{t.step}, saved {saver.last}. Resume with the same command plus "
+               f"--output {t.cfg['output']} --resume auto")
+    t.log.close()
+    return None
 
 
-def train_one_epoch(t, epoch):
-    """One pass over the training data; returns (images seen by all processes, seconds)."""
+def unreadable_count(t):
+    counter = getattr(t.train_loader.dataset, "unreadable", None)
+    return counter.value if counter is not None else 0
+
+
+def train_one_epoch(t, epoch, stop):
+    """Trains from batch ``t.step`` to the end of the epoch, or until ``stop`` says so.
+    Returns (images seen by all processes, seconds)."""
     t.model.train()
     if t.cfg["train"]["freeze_bn"]:
         for module in t.net.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 module.eval()
-    t.train_loader.sampler.set_epoch(epoch)
-    steps, log_every = len_steps(t), t.cfg["train"]["log_every"]
+    first = t.step
+    t.train_loader.sampler.set_epoch(epoch, first * t.cfg["data"]["batch_size"])
+    steps, log_every = t.steps, t.cfg["train"]["log_every"]
     batch_global = t.cfg["data"]["batch_size"] * t.world.size
     loss_sum = torch.zeros((), device=t.device)
     start = interval_start = time.perf_counter()
     interval_steps = 0
-    batches = prefetch(t, t.train_loader)
-    for i, (images, labels) in enumerate(batches):
+    for i, (images, labels) in enumerate(prefetch(t, t.train_loader), start=first):
         if i == steps:
             break
         with t.precision.autocast():
@@ -168,16 +224,28 @@ def train_one_epoch(t, epoch):
         t.scheduler.step()
         loss_sum += loss.detach().float()
         interval_steps += 1
-        if (i + 1) % log_every == 0 or i + 1 == steps:
+        t.step = i + 1
+        at_log = t.step % log_every == 0 or t.step == steps
+        if at_log:
             synchronize(t.device)
             now = time.perf_counter()
             loss_mean = all_reduce_sum(loss_sum).item() / interval_steps / t.world.size
-            log_step(t, epoch, i + 1, steps, loss_mean,
+            check_finite(t, loss_mean, epoch)
+            log_step(t, epoch, t.step, steps, loss_mean,
                      batch_global * interval_steps / (now - interval_start))
             loss_sum.zero_()
             interval_start, interval_steps = now, 0
+        if stop.should_stop(can_sync=at_log):
+            break
     synchronize(t.device)
-    return steps * batch_global, time.perf_counter() - start
+    return (t.step - first) * batch_global, time.perf_counter() - start
+
+
+def check_finite(t, loss_mean, epoch):
+    """A non-finite loss ends the run unless dynamic loss scaling skips such steps."""
+    if not math.isfinite(loss_mean) and not t.precision.dynamic_loss_scale:
+        raise UsageError(f"the loss became {loss_mean} in epoch {epoch} before step {t.step}: "
+                         f"stopped; nothing saved after {t.cfg['output']}/checkpoints/last.pt")
 
 
 def prefetch(t, loader):
@@ -212,8 +280,16 @@ def evaluate(t):
     return 100 * top1 / total, 100 * top5 / total
 
 
+def rng_states(device):
+    states = {"torch": torch.get_rng_state()}
+    module = device_module(device)
+    if module is not None:
+        states["device"] = module.get_rng_state()
+    return states
+
+
 def checkpoint_state(t):
-    return {"epoch": t.epoch, "arch": "mobilenet_v1", "state_dict": t.precision.model_state_dict(t.net),
+    return {"epoch": t.epoch, "step": t.step, "rng": rng_states(t.device), "arch": "mobilenet_v1", "state_dict": t.precision.model_state_dict(t.net),
             "best_prec1": t.best_top1, "optimizer": t.optimizer.state_dict(),
             "scheduler": t.scheduler.state_dict(), "amp": t.precision.state_dict(),
             "config": t.cfg}
@@ -236,5 +312,8 @@ def restore(t, resume):
         t.scheduler.load_state_dict(state["scheduler"])
         if state.get("amp"):
             t.precision.load_state_dict(state["amp"])
-        t.epoch, t.best_top1 = state["epoch"], float(state["best_prec1"])
-    t.log.info(f"resumed from {resume} (epoch {t.epoch})")
+        t.epoch, t.step, t.best_top1 = state["epoch"], state["step"], float(state["best_prec1"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if "device" in state["rng"] and device_module(t.device) is not None:
+            device_module(t.device).set_rng_state(state["rng"]["device"])
+    t.log.info(f"resumed from {resume} (epoch {t.epoch}, step {t.step})")

@@ -7,7 +7,9 @@ from mobilenet.config import DEFAULTS, UsageError, build_config
 def test_defaults_yaml_and_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("optim:\n  lr: 0.4\nmodel:\n  width_mult: 0.5\n")
-    cfg = build_config(path, ["optim.lr=1", "amp.loss_scale=1024", "data.path=/x"])
+    cfg = build_config(path, ["optim.lr=1", "amp.loss_scale=1024", "data.path=/x",
+                              "optim.weight_decay=4e-5"])
+    assert cfg["optim"]["weight_decay"] == 4e-5
     assert cfg["optim"]["lr"] == 1.0 and isinstance(cfg["optim"]["lr"], float)
     assert cfg["model"]["width_mult"] == 0.5
     assert cfg["amp"]["loss_scale"] == 1024 and cfg["data"]["path"] == "/x"
