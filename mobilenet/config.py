@@ -66,6 +66,8 @@ DEFAULTS = {
     "train": {
         "epochs": 90,
         "label_smoothing": 0.0,
+        "ema_decay": 0.0,          # >0: keep an exponential moving average of the weights
+                                   # (e.g. 0.9999), evaluated and checkpointed beside the model
         "log_every": 50,           # steps between progress lines
         "keep_checkpoints": 0,     # also keep the last K epoch checkpoints
         "max_steps_per_epoch": 0,  # >0: cut epochs short (benchmarks, smoke tests)

@@ -101,9 +101,12 @@ class ImageFolderRGB(datasets.ImageFolder):
         image, label = sample
         if seed is None:
             return self.transform(image), label
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        state = torch.get_rng_state()  # torch.manual_seed would also seed every accelerator
+        torch.default_generator.manual_seed(seed)
+        try:
             return self.transform(image), label
+        finally:
+            torch.set_rng_state(state)
 
 
 class SyntheticImages(Dataset):

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from mobilenet import checkpoint as ckpt
 from mobilenet.amp import build_precision
@@ -36,6 +37,7 @@ class Trainer:
     log: RunLogger
     criterion: nn.Module
     steps: int                 # per epoch (fixed: the loader shortens when resuming mid-epoch)
+    ema: AveragedModel | None  # moving average of the weights (train.ema_decay > 0)
     epoch: int = 0             # epochs completed
     step: int = 0              # batches done in the epoch under way
     best_top1: float = 0.0
@@ -106,6 +108,7 @@ def build_trainer(cfg, world, device):
     precision = build_precision(cfg["amp"], device)
     optimizer = make_optimizer(cfg, precision.optimizer_params(net), net, device, world)
     net, optimizer = precision.initialize(net, optimizer)
+    ema = build_ema(net, cfg["train"]["ema_decay"], precision)
     model = wrap_ddp(net, world, device)
     train_loader, val_loader = build_loaders(train_set, val_set, cfg["data"], cfg["seed"],
                                              world.rank, world.size, device.type != "cpu")
@@ -121,7 +124,7 @@ def build_trainer(cfg, world, device):
              f"batch {cfg['data']['batch_size']} per process x {world.size} = "
              f"{cfg['data']['batch_size'] * world.size} global, {steps} steps/epoch")
     return Trainer(cfg, world, device, model, net, precision, optimizer, scheduler, train_loader,
-                   val_loader, log, criterion, steps)
+                   val_loader, log, criterion, steps, ema)
 
 
 def make_optimizer(cfg, params, net, device, world):
@@ -132,6 +135,15 @@ def make_optimizer(cfg, params, net, device, world):
     return build_optimizer(net, o["name"], o["impl"], lr, o["momentum"], o["weight_decay"], device,
                            o["nesterov"], o["no_decay_bn_bias"], o["betas"], o["eps"], o["alpha"],
                            params=params)
+
+
+def build_ema(net, decay, precision):
+    if decay <= 0:
+        return None
+    if precision.level == "O2":
+        raise UsageError("train.ema_decay: an average of half-precision weights loses the small "
+                         "updates; use amp O0 or O1 with EMA")
+    return AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
 def steps_per_epoch(cfg, loader):
@@ -145,6 +157,7 @@ def fit(t):
     saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"])
     train_images = train_time = 0.0
     top1 = top5 = 0.0
+    ema_metrics = {}
     with StopOnSignal(t.world, t.device) as stop:
         while t.epoch < cfg["train"]["epochs"]:
             epoch = t.epoch
@@ -157,14 +170,16 @@ def fit(t):
             is_best = top1 > t.best_top1
             t.best_top1 = max(t.best_top1, top1)
             log.info(f" * Acc@1 {top1:.3f} Acc@5 {top5:.3f}  (epoch {epoch}, best {t.best_top1:.3f})")
+            ema_metrics = evaluate_ema(t)
             log.record("val", t.epoch * t.steps, epoch=epoch, top1=top1, top5=top5,
-                       epoch_time_s=seconds)
+                       epoch_time_s=seconds, **ema_metrics)
             if t.world.is_main:
                 saver.save(checkpoint_state(t), t.epoch, is_best)
             if t.epoch < cfg["train"]["epochs"] and stop.should_stop(can_sync=True):
                 return stopped(t, saver, stop)
     unreadable = int(all_reduce_sum(torch.tensor(unreadable_count(t))).item())
     summary = {"top1": top1, "top5": top5, "best_top1": t.best_top1, "epochs": t.epoch,
+               **ema_metrics,
                "img_per_s": train_images / train_time if train_time else 0.0,
                "optimizer": cfg["optim"]["impl"], "optimizer_class": describe_optimizer(t.optimizer),
                "device": t.device.type, "amp": cfg["amp"]["level"], "world_size": t.world.size,
@@ -220,6 +235,8 @@ def train_one_epoch(t, epoch, stop):
             loss = t.criterion(t.model(images).float(), labels)
         t.precision.backward(loss, t.optimizer)
         t.precision.step(t.model, t.optimizer)
+        if t.ema is not None:
+            t.ema.update_parameters(t.net)
         t.precision.zero_grad(t.model, t.optimizer)
         t.scheduler.step()
         loss_sum += loss.detach().float()
@@ -263,18 +280,30 @@ def log_step(t, epoch, step, steps, loss, img_per_s):
                  img_per_s=img_per_s, **extra)
 
 
-@torch.no_grad()
 def evaluate(t):
-    """Top-1/top-5 (%) over the whole val set; each process counts its exact share."""
-    t.net.eval()
-    counts = torch.zeros(3, device=t.device, dtype=torch.float64)  # top1, top5, images
-    for images, labels in prefetch(t, t.val_loader):
-        with t.precision.autocast():
-            logits = t.net(images)
-        k = min(5, logits.shape[1])
-        hits = logits.topk(k, dim=1).indices.eq(labels[:, None])
+    return accuracy(t.net, prefetch(t, t.val_loader), t.precision.autocast, t.device)
+
+
+def evaluate_ema(t):
+    """{'ema_top1', 'ema_top5'} of the averaged weights, or {} without EMA."""
+    if t.ema is None:
+        return {}
+    top1, top5 = accuracy(t.ema.module, prefetch(t, t.val_loader), t.precision.autocast, t.device)
+    t.log.info(f" * EMA Acc@1 {top1:.3f} Acc@5 {top5:.3f}")
+    return {"ema_top1": top1, "ema_top5": top5}
+
+
+@torch.no_grad()
+def accuracy(net, batches, autocast, device):
+    """Top-1/top-5 (%) over ``batches``; each process counts its exact share, summed over all."""
+    net.eval()
+    counts = torch.zeros(3, device=device, dtype=torch.float64)  # top1, top5, images
+    for images, labels in batches:
+        with autocast():
+            logits = net(images)
+        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices.eq(labels[:, None])
         counts += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum(),
-                               torch.tensor(len(labels), device=t.device)]).double()
+                               torch.tensor(len(labels), device=device)]).double()
     all_reduce_sum(counts)
     top1, top5, total = counts.tolist()
     return 100 * top1 / total, 100 * top5 / total
@@ -292,6 +321,7 @@ def checkpoint_state(t):
     return {"epoch": t.epoch, "step": t.step, "rng": rng_states(t.device), "arch": "mobilenet_v1", "state_dict": t.precision.model_state_dict(t.net),
             "best_prec1": t.best_top1, "optimizer": t.optimizer.state_dict(),
             "scheduler": t.scheduler.state_dict(), "amp": t.precision.state_dict(),
+            "ema": t.ema.state_dict() if t.ema is not None else None,
             "config": t.cfg}
 
 
@@ -312,6 +342,8 @@ def restore(t, resume):
         t.scheduler.load_state_dict(state["scheduler"])
         if state.get("amp"):
             t.precision.load_state_dict(state["amp"])
+        if t.ema is not None and state.get("ema"):
+            t.ema.load_state_dict(state["ema"])
         t.epoch, t.step, t.best_top1 = state["epoch"], state["step"], float(state["best_prec1"])
         torch.set_rng_state(state["rng"]["torch"])
         if "device" in state["rng"] and device_module(t.device) is not None:

@@ -82,3 +82,38 @@ def load_weights(model, checkpoint, source="checkpoint"):
                              f"(width_mult={model.width_mult}, num_classes={model.num_classes}) "
                              f"needs {tuple(own[key].shape)}")
     model.load_state_dict(state)
+
+
+def model_from_checkpoint(checkpoint, source="checkpoint"):
+    """A MobileNetV1 of the width and class count the weights have, with the weights loaded."""
+    state = unwrap_state_dict(checkpoint)
+    try:
+        width = state["model.0.0.weight"].shape[0] / STEM_CHANNELS
+        classes = state["fc.weight"].shape[0]
+    except KeyError:
+        raise UsageError(f"{source}: not a MobileNetV1 checkpoint (no model.0.0.weight/fc.weight)") from None
+    model = MobileNetV1(width, classes)
+    load_weights(model, state, source)
+    return model
+
+
+def count_multiply_adds(model, resolution):
+    """Multiply-adds of one forward pass at ``resolution``, counted from the convs and the fc."""
+    total = 0
+
+    def count(module, inputs, output):
+        nonlocal total
+        if isinstance(module, nn.Conv2d):
+            kh, kw = module.kernel_size
+            total += output.numel() * (module.in_channels // module.groups) * kh * kw
+        else:
+            total += module.in_features * module.out_features
+    hooks = [m.register_forward_hook(count) for m in model.modules()
+             if isinstance(m, (nn.Conv2d, nn.Linear))]
+    was_training = model.training
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, 3, resolution, resolution))
+    model.train(was_training)
+    for hook in hooks:
+        hook.remove()
+    return total

@@ -1,0 +1,55 @@
+"""Top-1/top-5 of a checkpoint (ours or an Ascend ModelZoo .pth.tar) on an ImageFolder val set.
+
+python scripts/validate.py --checkpoint X --data /path/to/imagenet [--resolution 224]
+ImageNet protocol: resize to resolution/0.875 (256 for 224), centre crop. Width and class count
+are read from the weights.
+"""
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mobilenet.config import UsageError  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", required=True, help="folder holding val/<class>/... (or the val folder's parent)")
+    p.add_argument("--resolution", type=int, default=224)
+    p.add_argument("--resize-ratio", type=float, default=0.875)
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
+    args = p.parse_args(argv)
+    try:
+        top1, top5 = validate(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f" * Acc@1 {top1:.3f} Acc@5 {top5:.3f}")
+    return 0
+
+
+def validate(args):
+    from torch.utils.data import DataLoader
+
+    from mobilenet.checkpoint import load_checkpoint
+    from mobilenet.data import DevicePrefetcher, image_folder, val_transform
+    from mobilenet.device import resolve_device
+    from mobilenet.engine import accuracy
+    from mobilenet.model import model_from_checkpoint
+
+    device = resolve_device(args.device)
+    net = model_from_checkpoint(load_checkpoint(args.checkpoint), args.checkpoint).to(device)
+    val = image_folder(args.data, "val", val_transform(args.resolution, args.resize_ratio), False)
+    if len(val.classes) != net.num_classes:
+        raise UsageError(f"--data {args.data}: {len(val.classes)} classes, the checkpoint has {net.num_classes}")
+    loader = DataLoader(val, batch_size=args.batch_size, num_workers=args.workers,
+                        pin_memory=device.type != "cpu")
+    return accuracy(net, DevicePrefetcher(loader, device), contextlib.nullcontext, device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
