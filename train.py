@@ -21,6 +21,8 @@ def parse_args(argv):
     p.add_argument("--resume", help="checkpoint to resume from, or 'auto' for the newest in --output")
     p.add_argument("--evaluate", action="store_true",
                    help="only evaluate (weights from --resume or model.pretrained)")
+    p.add_argument("--profile", action="store_true",
+                   help="write a profiler trace of a few steps to <output>/profile (TensorBoard)")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="any config setting")
     return p.parse_intermixed_args(argv)
 
@@ -34,7 +36,8 @@ def default_config(data):
 def config_from_args(args):
     config_path = Path(args.config) if args.config else default_config(args.data)
     flags = {"optim.impl": args.optimizer, "data.path": args.data, "device": args.device,
-             "amp.level": args.amp, "train.epochs": args.epochs}
+             "amp.level": args.amp, "train.epochs": args.epochs,
+             "train.profile": True if args.profile else None}
     overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
     cfg = build_config(config_path, overrides)
     cfg["output"] = args.output or cfg["output"] or f"runs/{config_path.stem}-{cfg['optim']['impl']}"

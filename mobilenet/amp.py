@@ -1,6 +1,6 @@
 """Mixed precision: apex amp (Ascend fork, combine_grad=True) when importable, else native torch.
 
-Levels: O0 fp32; O1 autocast with fp32 weights; O2 (native: see MasterWeights) half model except
+Levels: O0 fp32; O1 autocast with fp32 weights; O2 (native: NativeMasterWeights) half model except
 BatchNorm, fp32 master weights owned by the optimizer. Loss scaling is static or dynamic; a step
 whose grads are not finite is skipped and counted, the check staying on the device.
 """

@@ -71,6 +71,8 @@ DEFAULTS = {
         "log_every": 50,           # steps between progress lines
         "keep_checkpoints": 0,     # also keep the last K epoch checkpoints
         "max_steps_per_epoch": 0,  # >0: cut epochs short (benchmarks, smoke tests)
+        "measure_breakdown": False,  # time data waits and optimizer steps (syncs the device)
+        "profile": False,          # torch.profiler trace of steps 2-6 in <output>/profile
         "freeze_bn": False,        # BatchNorm uses running statistics while training (fine-tuning
                                    # with small per-card batches; makes results batch-split invariant)
     },

@@ -2,7 +2,6 @@
 import os
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 

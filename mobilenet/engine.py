@@ -13,6 +13,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from mobilenet import checkpoint as ckpt
 from mobilenet.amp import build_precision
+from mobilenet.bench import StepBreakdown, profiler
 from mobilenet.config import UsageError
 from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
 from mobilenet.device import describe, device_module, peak_memory_mb, resolve_device, synchronize
@@ -38,6 +39,7 @@ class Trainer:
     criterion: nn.Module
     steps: int                 # per epoch (fixed: the loader shortens when resuming mid-epoch)
     ema: AveragedModel | None  # moving average of the weights (train.ema_decay > 0)
+    breakdown: StepBreakdown
     epoch: int = 0             # epochs completed
     step: int = 0              # batches done in the epoch under way
     best_top1: float = 0.0
@@ -124,7 +126,8 @@ def build_trainer(cfg, world, device):
              f"batch {cfg['data']['batch_size']} per process x {world.size} = "
              f"{cfg['data']['batch_size'] * world.size} global, {steps} steps/epoch")
     return Trainer(cfg, world, device, model, net, precision, optimizer, scheduler, train_loader,
-                   val_loader, log, criterion, steps, ema)
+                   val_loader, log, criterion, steps, ema,
+                   StepBreakdown(device, cfg["train"]["measure_breakdown"]))
 
 
 def make_optimizer(cfg, params, net, device, world):
@@ -132,6 +135,9 @@ def make_optimizer(cfg, params, net, device, world):
     lr = o["lr"]
     if o["lr_scale_batch"] > 0:  # linear scaling rule: lr per lr_scale_batch images
         lr = lr * cfg["data"]["batch_size"] * world.size / o["lr_scale_batch"]
+        if world.is_main:
+            print(f"lr {o['lr']:g} per {o['lr_scale_batch']} images -> {lr:g} for the global batch "
+                  f"{cfg['data']['batch_size'] * world.size}", flush=True)
     return build_optimizer(net, o["name"], o["impl"], lr, o["momentum"], o["weight_decay"], device,
                            o["nesterov"], o["no_decay_bn_bias"], o["betas"], o["eps"], o["alpha"],
                            params=params)
@@ -158,10 +164,11 @@ def fit(t):
     train_images = train_time = 0.0
     top1 = top5 = 0.0
     ema_metrics = {}
-    with StopOnSignal(t.world, t.device) as stop:
+    trace = profiler(t.device, Path(cfg["output"]) / "profile", cfg["train"]["profile"] and t.world.is_main)
+    with StopOnSignal(t.world, t.device) as stop, trace as prof:
         while t.epoch < cfg["train"]["epochs"]:
             epoch = t.epoch
-            images, seconds = train_one_epoch(t, epoch, stop)
+            images, seconds = train_one_epoch(t, epoch, stop, prof)
             train_images, train_time = train_images + images, train_time + seconds
             if t.step < t.steps:  # stopped by a signal mid-epoch
                 return stopped(t, saver, stop)
@@ -184,7 +191,8 @@ def fit(t):
                "optimizer": cfg["optim"]["impl"], "optimizer_class": describe_optimizer(t.optimizer),
                "device": t.device.type, "amp": cfg["amp"]["level"], "world_size": t.world.size,
                "global_batch": cfg["data"]["batch_size"] * t.world.size,
-               "peak_memory_mb": round(peak_memory_mb(t.device), 1), "unreadable_images": unreadable}
+               "peak_memory_mb": round(peak_memory_mb(t.device), 1), "unreadable_images": unreadable,
+               **t.breakdown.summary(train_time, train_images / (cfg["data"]["batch_size"] * t.world.size))}
     if unreadable:
         log.info(f"warning: {unreadable} reads of unreadable images were skipped (see the warnings)")
     if t.world.is_main:
@@ -213,7 +221,7 @@ def unreadable_count(t):
     return counter.value if counter is not None else 0
 
 
-def train_one_epoch(t, epoch, stop):
+def train_one_epoch(t, epoch, stop, prof):
     """Trains from batch ``t.step`` to the end of the epoch, or until ``stop`` says so.
     Returns (images seen by all processes, seconds)."""
     t.model.train()
@@ -228,16 +236,17 @@ def train_one_epoch(t, epoch, stop):
     loss_sum = torch.zeros((), device=t.device)
     start = interval_start = time.perf_counter()
     interval_steps = 0
+    t.breakdown.start_wait()
     for i, (images, labels) in enumerate(prefetch(t, t.train_loader), start=first):
         if i == steps:
             break
+        t.breakdown.end_wait()
         with t.precision.autocast():
             loss = t.criterion(t.model(images).float(), labels)
         t.precision.backward(loss, t.optimizer)
-        t.precision.step(t.model, t.optimizer)
+        t.breakdown.optimizer_step(lambda: optimizer_step(t))
         if t.ema is not None:
             t.ema.update_parameters(t.net)
-        t.precision.zero_grad(t.model, t.optimizer)
         t.scheduler.step()
         loss_sum += loss.detach().float()
         interval_steps += 1
@@ -252,10 +261,17 @@ def train_one_epoch(t, epoch, stop):
                      batch_global * interval_steps / (now - interval_start))
             loss_sum.zero_()
             interval_start, interval_steps = now, 0
+        prof.step()
         if stop.should_stop(can_sync=at_log):
             break
+        t.breakdown.start_wait()
     synchronize(t.device)
     return (t.step - first) * batch_global, time.perf_counter() - start
+
+
+def optimizer_step(t):
+    t.precision.step(t.model, t.optimizer)
+    t.precision.zero_grad(t.model, t.optimizer)
 
 
 def check_finite(t, loss_mean, epoch):
@@ -318,7 +334,8 @@ def rng_states(device):
 
 
 def checkpoint_state(t):
-    return {"epoch": t.epoch, "step": t.step, "rng": rng_states(t.device), "arch": "mobilenet_v1", "state_dict": t.precision.model_state_dict(t.net),
+    return {"epoch": t.epoch, "step": t.step, "rng": rng_states(t.device), "arch": "mobilenet_v1",
+            "state_dict": t.precision.model_state_dict(t.net),
             "best_prec1": t.best_top1, "optimizer": t.optimizer.state_dict(),
             "scheduler": t.scheduler.state_dict(), "amp": t.precision.state_dict(),
             "ema": t.ema.state_dict() if t.ema is not None else None,

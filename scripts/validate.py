@@ -16,7 +16,7 @@ from mobilenet.config import UsageError  # noqa: E402
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data", required=True, help="folder holding val/<class>/... (or the val folder's parent)")
+    p.add_argument("--data", required=True, help="ImageFolder root holding val/<class>/...")
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--resize-ratio", type=float, default=0.875)
     p.add_argument("--batch-size", type=int, default=100)
@@ -45,7 +45,8 @@ def validate(args):
     net = model_from_checkpoint(load_checkpoint(args.checkpoint), args.checkpoint).to(device)
     val = image_folder(args.data, "val", val_transform(args.resolution, args.resize_ratio), False)
     if len(val.classes) != net.num_classes:
-        raise UsageError(f"--data {args.data}: {len(val.classes)} classes, the checkpoint has {net.num_classes}")
+        raise UsageError(f"--data {args.data}: {len(val.classes)} classes, "
+                         f"the checkpoint has {net.num_classes}")
     loader = DataLoader(val, batch_size=args.batch_size, num_workers=args.workers,
                         pin_memory=device.type != "cpu")
     return accuracy(net, DevicePrefetcher(loader, device), contextlib.nullcontext, device)

@@ -105,7 +105,8 @@ def test_ema_is_evaluated_checkpointed_and_resumed(tmp_path, digits):
 def test_recipes_are_valid(name):
     cfg = build_config(ROOT / "configs" / f"{name}.yaml")
     if name.startswith(("imagenet", "paper")):  # the ModelZoo recipe
-        assert (cfg["optim"]["lr"], cfg["optim"]["lr_scale_batch"], cfg["data"]["batch_size"]) == (0.1, 256, 256)
-        assert (cfg["schedule"]["name"], cfg["schedule"]["step_epochs"], cfg["train"]["epochs"]) == ("step", 30, 90)
-        assert (cfg["amp"]["level"], cfg["amp"]["loss_scale"], cfg["optim"]["impl"]) == ("O2", 1024, "fused")
-        assert (cfg["optim"]["momentum"], cfg["optim"]["weight_decay"]) == (0.9, 1e-4)
+        o, s = cfg["optim"], cfg["schedule"]
+        assert (o["lr"], o["lr_scale_batch"], cfg["data"]["batch_size"]) == (0.1, 256, 256)
+        assert (s["name"], s["step_epochs"], cfg["train"]["epochs"]) == ("step", 30, 90)
+        assert (cfg["amp"]["level"], cfg["amp"]["loss_scale"], o["impl"]) == ("O2", 1024, "fused")
+        assert (o["momentum"], o["weight_decay"]) == (0.9, 1e-4)

@@ -5,7 +5,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from conftest import ROOT, TINY, run_train
+from conftest import ROOT, TINY
 from mobilenet.checkpoint import load_checkpoint
 
 
