@@ -3,7 +3,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mobilenet.config import UsageError, build_config
+from mobilenet.config import build_config, exit_code
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -46,16 +46,12 @@ def config_from_args(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
+
+    def train():
         cfg = config_from_args(args)
         from mobilenet.engine import run  # torch loads after the config is known to be valid
         run(cfg, resume=args.resume, evaluate_only=args.evaluate)
-    except UsageError as e:
-        # raised in a DataLoader worker, the message carries the worker's traceback: keep its end
-        message = str(e).strip().splitlines()[-1].removeprefix("mobilenet.config.UsageError: ")
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_code(train)
 
 
 if __name__ == "__main__":

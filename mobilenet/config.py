@@ -4,6 +4,7 @@ Every user mistake (unknown key, wrong type, bad choice, missing file) raises Us
 train.py turns into a one-line message and a non-zero exit.
 """
 import copy
+import sys
 from pathlib import Path
 
 import yaml
@@ -11,6 +12,18 @@ import yaml
 
 class UsageError(Exception):
     """A problem with the user's input: reported in one line, no traceback."""
+
+
+def exit_code(action):
+    """Runs ``action()``: 0, or 2 after printing a UsageError as one ``error: ...`` line."""
+    try:
+        action()
+        return 0
+    except UsageError as e:
+        # raised in a DataLoader worker, the message carries the worker's traceback: keep its end
+        message = str(e).strip().splitlines()[-1].removeprefix("mobilenet.config.UsageError: ")
+        print(f"error: {message}", file=sys.stderr)
+        return 2
 
 
 DEFAULTS = {

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mobilenet.config import UsageError  # noqa: E402
+from mobilenet.config import exit_code  # noqa: E402
 
 
 def main(argv=None):
@@ -19,13 +19,11 @@ def main(argv=None):
     p.add_argument("--opset", type=int, default=11)
     p.add_argument("--dynamic-batch", action="store_true", help="batch dimension left free")
     args = p.parse_args(argv)
-    try:
+
+    def write():
         export(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.output}")
-    return 0
+        print(f"wrote {args.output}")
+    return exit_code(write)
 
 
 def export(args):

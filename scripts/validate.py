@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mobilenet.config import UsageError  # noqa: E402
+from mobilenet.config import UsageError, exit_code  # noqa: E402
 
 
 def main(argv=None):
@@ -23,13 +23,11 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
     args = p.parse_args(argv)
-    try:
+
+    def report():
         top1, top5 = validate(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f" * Acc@1 {top1:.3f} Acc@5 {top5:.3f}")
-    return 0
+        print(f" * Acc@1 {top1:.3f} Acc@5 {top5:.3f}")
+    return exit_code(report)
 
 
 def validate(args):
