@@ -44,8 +44,10 @@ class LossScaler:
 
     def step(self, optimizer):
         """optimizer.step() unless found_inf. Fused torch optimizers read ``found_inf`` and skip on
-        the device; others need one host read."""
-        if optimizer.defaults.get("fused"):
+        the device; others need one host read. So does a fused optimizer's first step: torch's
+        fused SGD allocates its momentum buffers uninitialised (empty_like) and a skipped first
+        step would leave them so (common: 2**16 often overflows at the start)."""
+        if optimizer.defaults.get("fused") and optimizer.state:
             optimizer.found_inf = self.found_inf
             try:
                 optimizer.step()

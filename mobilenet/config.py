@@ -34,7 +34,8 @@ DEFAULTS = {
         "width_mult": 1.0,
         "num_classes": 1000,
         "resolution": 224,
-        "channels_last": False,
+        "channels_last": "auto",   # auto: on for cpu and cuda (measured faster), off for npu
+                                   # (torch_npu keeps its own internal formats); true | false
         "sync_bn": False,          # SyncBatchNorm across processes (cuda/npu, more than one process)
         "pretrained": None,        # checkpoint to initialise the weights from (ours or ModelZoo)
     },
@@ -161,6 +162,9 @@ def coerce(dotted, default, value, origin):
     elif isinstance(default, list):
         if not isinstance(value, list) or len(value) != len(default):
             raise bad(f"a list of {len(default)}")
+    elif dotted == "model.channels_last":
+        if value not in ("auto", True, False):
+            raise bad("auto, true or false")
     elif dotted == "amp.loss_scale":
         value = to_number(value) if value != "dynamic" else value
         if value != "dynamic" and (isinstance(value, bool) or not isinstance(value, (int, float))

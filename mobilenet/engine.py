@@ -105,6 +105,8 @@ def build_trainer(cfg, world, device):
         if device.type == "cpu":
             raise UsageError("model.sync_bn=true needs cuda or npu (torch has no SyncBatchNorm on cpu)")
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    if cfg["model"]["channels_last"] == "auto":
+        cfg["model"]["channels_last"] = device.type != "npu"
     memory_format = torch.channels_last if cfg["model"]["channels_last"] else torch.contiguous_format
     net = net.to(device, memory_format=memory_format)
     precision = build_precision(cfg["amp"], device)

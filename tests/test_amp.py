@@ -72,6 +72,21 @@ def test_injected_inf_skips_exactly_one_step_and_halves_the_scale(impl):
     torch.testing.assert_close(model.fc.weight, precision.masters[-2].half())
 
 
+def test_overflow_at_the_first_step_leaves_fused_momentum_clean():
+    """torch's fused SGD creates momentum buffers with empty_like: skipping its very first step on
+    the device would leave them uninitialised. Standard and fused must agree after it."""
+    runs = []
+    for impl in ("standard", "fused"):
+        model, precision, optimizer = o2_setup(impl, loss_scale=128)
+        step(model, precision, optimizer, inject_inf=True)
+        for _ in range(3):
+            step(model, precision, optimizer)
+        runs.append([m.detach().clone() for m in precision.masters])
+    for a, b in zip(*runs):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_static_scale_stays_after_an_overflow():
     model, precision, optimizer = o2_setup("fused", loss_scale=1024)
     step(model, precision, optimizer, inject_inf=True)

@@ -23,7 +23,8 @@ def test_defaults_yaml_and_overrides(tmp_path):
     ("optim.impl=turbo", "'optim.impl' must be one of fused|standard"),
     ("model.width_mult=0", "'model.width_mult' must be positive"),
     ("amp.loss_scale=-2", "'amp.loss_scale' must be 'dynamic' or a positive number"),
-    ("model.channels_last=3", "'model.channels_last' must be true or false"),
+    ("train.freeze_bn=3", "'train.freeze_bn' must be true or false"),
+    ("model.channels_last=yes please", "'model.channels_last' must be auto, true or false"),
     ("epochs", "expected key.sub=value"),
 ])
 def test_bad_overrides_are_usage_errors(override, message):
