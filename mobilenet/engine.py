@@ -186,7 +186,8 @@ def fit(t):
                 saver.save(checkpoint_state(t), t.epoch, is_best)
             if t.epoch < cfg["train"]["epochs"] and stop.should_stop(can_sync=True):
                 return stopped(t, saver, stop)
-    unreadable = int(all_reduce_sum(torch.tensor(unreadable_count(t))).item())
+    # on the device: nccl and hccl reduce only device tensors
+    unreadable = int(all_reduce_sum(torch.tensor(unreadable_count(t), device=t.device)).item())
     summary = {"top1": top1, "top5": top5, "best_top1": t.best_top1, "epochs": t.epoch,
                **ema_metrics,
                "img_per_s": train_images / train_time if train_time else 0.0,
