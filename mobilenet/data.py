@@ -3,6 +3,7 @@
 Workers decode and augment to uint8 tensors; conversion to float, normalisation and the memory
 format happen on the device, so host-to-device copies are 4x smaller.
 """
+import io
 import math
 import multiprocessing
 import os
@@ -11,10 +12,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy
+import simplejpeg
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from PIL import Image
 from torchvision import datasets, transforms
+from torchvision.transforms import v2
 
 from mobilenet.config import UsageError
 
@@ -51,38 +55,82 @@ def build_digits(root=DIGITS_ROOT, size=32, val_fraction=0.2, seed=0):
     return root
 
 
-class DraftRandomResizedCrop(transforms.RandomResizedCrop):
-    """RandomResizedCrop of a still undecoded image: the crop is drawn from the size in the file's
-    header, the JPEG decoder scales by 1/2, 1/4 or 1/8 where the crop keeps at least ``size``
-    pixels (PIL draft mode, several times faster on large photos), then one crop-and-resize pass.
-    Same crop distribution and output as RandomResizedCrop, decoded to RGB."""
+class EncodedImage:
+    """An image file's bytes and size, decoded on demand to a uint8 CHW RGB tensor.
+
+    YCbCr and grayscale JPEGs (baseline or progressive) go through libjpeg-turbo (simplejpeg), which
+    decodes at 1/2, 1/4 or 1/8 scale almost proportionally faster; anything else (CMYK JPEGs, PNGs
+    named .JPEG) through PIL, with its draft mode where the file allows."""
+
+    def __init__(self, data):
+        self.data = data
+        try:
+            self.height, self.width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            self.turbo = colorspace in ("YCbCr", "Gray")
+        except ValueError:  # not a JPEG libjpeg-turbo reads
+            self.turbo = False
+            with Image.open(io.BytesIO(data)) as image:
+                self.width, self.height = image.size
+
+    def decode(self, reduce=1):
+        """Decoded at about 1/reduce of full size (1, 2, 4 or 8; other factors decode slower)."""
+        height, width = math.ceil(self.height / reduce), math.ceil(self.width / reduce)
+        if self.turbo:
+            pixels = simplejpeg.decode_jpeg(self.data, "RGB", min_height=height, min_width=width)
+        else:
+            with Image.open(io.BytesIO(self.data)) as image:
+                image.draft("RGB", (width, height))
+                pixels = numpy.array(image.convert("RGB"))
+        return torch.from_numpy(pixels).permute(2, 0, 1)
+
+    def shape_only(self):
+        """What torchvision's get_params reads (the shape), without decoding."""
+        return torch.empty(()).expand(3, self.height, self.width)
+
+
+def largest_reduction(height, width, keep):
+    """The largest of 1, 2, 4, 8 that keeps a height x width region at least ``keep`` pixels high/wide."""
+    reduce = 1
+    while reduce < 8 and min(height, width) >= 2 * reduce * keep:
+        reduce *= 2
+    return reduce
+
+
+class DecodeRandomResizedCrop(transforms.RandomResizedCrop):
+    """RandomResizedCrop of an EncodedImage: the crop is drawn from the header's size (same
+    distribution as torchvision's), the file is decoded at the smallest scale that keeps the crop's
+    full output resolution, and crop + resize is torch's antialiased bilinear on uint8."""
 
     def forward(self, image):
-        top, left, height, width = self.get_params(image, self.scale, self.ratio)
-        full_width, full_height = image.size
-        scale = max(self.size) / min(height, width)  # the smallest that keeps the crop's pixels
-        if scale < 1:
-            image.draft("RGB", (math.ceil(full_width * scale), math.ceil(full_height * scale)))
-        sx, sy = image.size[0] / full_width, image.size[1] / full_height
-        box = (left * sx, top * sy, (left + width) * sx, (top + height) * sy)
-        return image.convert("RGB").resize(self.size[::-1], Image.BILINEAR, box=box)
+        top, left, height, width = self.get_params(image.shape_only(), self.scale, self.ratio)
+        pixels = image.decode(largest_reduction(height, width, max(self.size)))
+        sy, sx = pixels.shape[1] / image.height, pixels.shape[2] / image.width
+        return v2.functional.resized_crop(pixels, round(top * sy), round(left * sx), round(height * sy),
+                                          round(width * sx), list(self.size), antialias=True)
 
 
-def to_rgb(image):
-    return image.convert("RGB")
+class DecodeForResize(torch.nn.Module):
+    """Decodes an EncodedImage at the smallest scale whose shorter side still covers ``side``."""
+
+    def __init__(self, side):
+        super().__init__()
+        self.side = side
+
+    def forward(self, image):
+        return image.decode(largest_reduction(image.height, image.width, self.side))
 
 
 def train_transform(resolution, min_scale, hflip):
-    steps = [DraftRandomResizedCrop(resolution, scale=(min_scale, 1.0))]
+    steps = [DecodeRandomResizedCrop(resolution, scale=(min_scale, 1.0))]
     if hflip:
-        steps.append(transforms.RandomHorizontalFlip())
-    return transforms.Compose(steps + [transforms.PILToTensor()])
+        steps.append(v2.RandomHorizontalFlip())
+    return v2.Compose(steps)
 
 
 def val_transform(resolution, resize_ratio):
-    """The standard protocol, decoded at full size: resize, centre crop."""
-    return transforms.Compose([to_rgb, transforms.Resize(round(resolution / resize_ratio)),
-                               transforms.CenterCrop(resolution), transforms.PILToTensor()])
+    """The standard protocol: resize the shorter side to resolution / resize_ratio, centre crop."""
+    side = round(resolution / resize_ratio)
+    return v2.Compose([DecodeForResize(side), v2.Resize(side, antialias=True), v2.CenterCrop(resolution)])
 
 
 def sample_key(key):
@@ -91,8 +139,8 @@ def sample_key(key):
 
 
 class ImageFolderRGB(datasets.ImageFolder):
-    """ImageFolder that decodes every image to RGB (CMYK and grayscale JPEGs, PNGs named .JPEG),
-    seeds the augmentation of each sample from its key, and substitutes the next image for an
+    """ImageFolder whose transform receives each file as an EncodedImage and decodes it to RGB
+    (CMYK and grayscale JPEGs, PNGs named .JPEG), seeds the augmentation of each sample from its key, and substitutes the next image for an
     unreadable one with one warning naming it (``strict``: a UsageError instead)."""
 
     def __init__(self, root, transform, strict=False):
@@ -104,8 +152,7 @@ class ImageFolderRGB(datasets.ImageFolder):
         """(transformed image, label), or None when the file cannot be decoded."""
         path, label = self.samples[index]
         try:
-            with open(path, "rb") as f:
-                return self.augment(Image.open(f), seed), label
+            return self.augment(EncodedImage(Path(path).read_bytes()), seed), label
         except (OSError, SyntaxError, ValueError) as e:  # what PIL raises for broken files
             if self.strict:
                 raise UsageError(f"{path}: unreadable image ({e}); data.strict=true stops here") from None

