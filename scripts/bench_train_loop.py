@@ -1,11 +1,17 @@
 """train.py's training speed against a plain hand-written loop: same model, data, batch, optimizer.
 
-python scripts/bench_train_loop.py [--width 0.5] [--resolution 128] [--batch-size 32] [--steps 40]
-Synthetic data, fused SGD, fp32, one process; both run --steps steps after 5 warm-up steps.
+python scripts/bench_train_loop.py [--width 0.5] [--resolution 128] [--batch-size 32] [--steps 30]
+                                   [--rounds 5] [--json FILE]
+Synthetic data, fused SGD, fp32, one process; each runs --steps steps after 5 warm-up steps.
+train.py runs as configured (channels_last on cpu/cuda) and with channels_last off, which leaves
+only its loop machinery (prefetch, logging, checks) to compare. The runs take turns, in one process,
+for --rounds rounds; the ratios are medians of the rounds' ratios (a shared machine's speed drifts).
 """
 import argparse
+import contextlib
+import io
 import json
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -44,15 +50,19 @@ def plain_loop(args, device):
     return args.batch_size * args.steps / (time.perf_counter() - start)
 
 
-def train_py(args, device):
-    """img/s of train.py over the same steps: its 5-step log intervals after the first."""
-    with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", "synthetic", "--optimizer", "fused",
-                        "--device", device.type, "--output", out, "--epochs", "1",
-                        f"model.width_mult={args.width}", f"model.resolution={args.resolution}",
-                        f"data.batch_size={args.batch_size}", f"data.workers={args.workers}",
-                        f"data.synthetic_size={args.batch_size * (args.steps + 5)}",
-                        "train.log_every=5", "schedule.name=cosine"], check=True, stdout=subprocess.DEVNULL)
+def train_py(args, device, *overrides):
+    """img/s of train.py (in this process, as the plain loop) over the same steps: its 5-step
+    log intervals after the first."""
+    import train
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+        code = train.main(["--data", "synthetic", "--optimizer", "fused", "--device", device.type,
+                           "--output", out, "--epochs", "1", f"model.width_mult={args.width}",
+                           f"model.resolution={args.resolution}", f"data.batch_size={args.batch_size}",
+                           f"data.workers={args.workers}",
+                           f"data.synthetic_size={args.batch_size * (args.steps + 5)}",
+                           "train.log_every=5", "schedule.name=cosine", *overrides])
+        if code != 0:
+            raise SystemExit(f"train.py failed (exit {code})")
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     rates = [r["img_per_s"] for r in records if r["kind"] == "train"][1:]
     return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
@@ -63,19 +73,33 @@ def main(argv=None):
     p.add_argument("--width", type=float, default=0.5)
     p.add_argument("--resolution", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--json")
     args = p.parse_args(argv)
     from mobilenet.device import resolve_device
     device = resolve_device(args.device)
-    rows = {"plain loop": plain_loop(args, device), "train.py": train_py(args, device)}
+    runs = {"plain loop": lambda: plain_loop(args, device),
+            "train.py": lambda: train_py(args, device),
+            "train.py, channels_last off (the loop's own cost)":
+                lambda: train_py(args, device, "model.channels_last=false")}
+    rates = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            rates[name].append(run())
+    ratios = {name: statistics.median(r / p for p, r in zip(rates["plain loop"], values))
+              for name, values in rates.items()}
+    report = {"img_per_s": {name: statistics.median(v) for name, v in rates.items()}, "ratio": ratios}
     print(f"MobileNetV1 x{args.width} at {args.resolution}px, batch {args.batch_size}, {args.steps} steps, "
-          f"fused SGD, fp32, {device}\n| loop | img/s |\n|---|---|")
-    for name, rate in rows.items():
-        print(f"| {name} | {rate:.1f} |")
-    print(f"train.py / plain loop: {rows['train.py'] / rows['plain loop']:.2f}x")
-    return rows
+          f"fused SGD, fp32, {device}, {args.rounds} rounds")
+    print("| loop | img/s (median) | vs plain loop (median of rounds) |\n|---|---|---|")
+    for name, rate in report["img_per_s"].items():
+        print(f"| {name} | {rate:.1f} | {ratios[name]:.2f}x |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 if __name__ == "__main__":

@@ -92,3 +92,12 @@ def test_bench_data_runs(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert set(result["img_per_s"]) == {"torchvision default", "this app"} and result["ratio"] > 0
     assert "| this app |" in capsys.readouterr().out
+
+
+def test_bench_train_loop_runs(tmp_path, capsys):
+    out = tmp_path / "loop.json"
+    script("bench_train_loop").main(["--width", "0.25", "--resolution", "32", "--batch-size", "8",
+                                     "--steps", "5", "--workers", "0", "--rounds", "1", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert len(result["img_per_s"]) == 3 and all(rate > 0 for rate in result["img_per_s"].values())
+    assert result["ratio"]["plain loop"] == 1.0 and "| train.py |" in capsys.readouterr().out
