@@ -1,12 +1,14 @@
 import json
 import subprocess
 
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
 from conftest import ROOT, TINY
 from mobilenet.checkpoint import load_checkpoint
+from mobilenet.data import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, SyntheticImages
 
 
 def train_digits(digits, out, *extra):
@@ -65,6 +67,20 @@ def test_standard_and_fused_train_to_the_same_weights(tmp_path, digits):
             for impl in ("standard", "fused"))
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+# cuda runs where there is a GPU (scripts/bench_device.sh trains through the same path)
+@pytest.mark.parametrize("device", ["cpu"] + ["cuda"] * torch.cuda.is_available())
+def test_prefetcher_yields_every_batch_normalised_on_the_device(device):
+    loader = torch.utils.data.DataLoader(SyntheticImages(40, 8, 5), batch_size=8,
+                                         pin_memory=device != "cpu")
+    batches = list(DevicePrefetcher(loader, torch.device(device), channels_last=True))
+    assert len(batches) == len(loader) == 5
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+    for (images, labels), (raw, raw_labels) in zip(batches, loader):
+        assert images.device.type == device and images.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(images.cpu(), (raw.float() / 255 - mean) / std)
+        assert torch.equal(labels.cpu(), raw_labels)
 
 
 def test_synthetic_data(tmp_path):
