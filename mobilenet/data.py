@@ -141,8 +141,9 @@ def sample_key(key):
 
 class ImageFolderRGB(datasets.ImageFolder):
     """ImageFolder whose transform receives each file as an EncodedImage and decodes it to RGB
-    (CMYK and grayscale JPEGs, PNGs named .JPEG), seeds the augmentation of each sample from its key, and substitutes the next image for an
-    unreadable one with one warning naming it (``strict``: a UsageError instead)."""
+    (CMYK and grayscale JPEGs, PNGs named .JPEG), seeds the augmentation of each sample from its
+    key, and substitutes the next image for an unreadable one with one warning naming it
+    (``strict``: a UsageError instead)."""
 
     def __init__(self, root, transform, strict=False):
         super().__init__(root, transform)
