@@ -1,16 +1,17 @@
 """Mixed precision: apex amp (Ascend fork, combine_grad=True) when importable, else native torch.
 
-Levels: O0 fp32; O1 autocast with fp32 weights; O2 (native: NativeMasterWeights) half model except
-BatchNorm, fp32 master weights owned by the optimizer. Loss scaling is static or dynamic; a step
-whose grads are not finite is skipped and counted, the check staying on the device.
+Levels: O0 fp32; O1 autocast with fp32 weights; O2 half model except BatchNorm with fp32 master
+weights that the optimizer updates. Loss scaling (O1, O2) is static or dynamic; a step whose grads
+are not finite is skipped and counted, the check staying on the device.
+Both precisions offer the hooks TrainStep calls, in this order: autocast, backward, unscale, step,
+zero_grad.
 """
 import contextlib
 import importlib
 
 import torch
 
-from mobilenet.config import UsageError
-from mobilenet.optim import zero_grad
+from mobilenet.errors import UsageError
 
 
 def import_apex_amp():
@@ -21,15 +22,30 @@ def import_apex_amp():
         return None
 
 
+def choose_backend(level, backend):
+    """none (O0) | native | apex, for amp.level and amp.backend (auto: apex when importable)."""
+    if level == "O0":
+        return "none"
+    if backend == "native":
+        return "native"
+    if import_apex_amp() is not None:
+        return "apex"
+    if backend == "apex":
+        raise UsageError("amp.backend=apex: apex with amp (Ascend's fork) is not importable")
+    return "native"
+
+
 class LossScaler:
     """Loss scale, non-finite check and skip counting with torch's own amp kernels, no host sync.
 
     dynamic: halve on overflow, double after ``growth_interval`` clean steps. static: fixed scale,
-    overflow steps still skipped.
+    overflow steps still skipped. ``skip_on_device``: the optimizer is a torch fused one, which
+    reads ``found_inf`` and skips inside its kernel; others need one host read per step.
     """
 
-    def __init__(self, loss_scale, device, growth_interval=2000):
+    def __init__(self, loss_scale, device, skip_on_device=False, growth_interval=2000):
         self.dynamic = loss_scale == "dynamic"
+        self.skip_on_device = skip_on_device
         self.scale = torch.full((), 2.0**16 if self.dynamic else float(loss_scale), device=device)
         self.growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self.found_inf = torch.zeros((), device=device)
@@ -43,17 +59,16 @@ class LossScaler:
                                                          self.scale.double().reciprocal().float())
 
     def step(self, optimizer):
-        """optimizer.step() unless found_inf. Fused torch optimizers read ``found_inf`` and skip on
-        the device; others need one host read. So does a fused optimizer's first step: torch's
-        fused SGD allocates its momentum buffers uninitialised (empty_like) and a skipped first
-        step would leave them so (common: 2**16 often overflows at the start)."""
-        if optimizer.defaults.get("fused") and optimizer.state:
+        """optimizer.step() unless found_inf. A fused optimizer's first step takes the host read
+        too: torch's fused SGD allocates its momentum buffers uninitialised (empty_like), and a
+        skipped first step would leave them so (common: 2**16 often overflows at the start)."""
+        if self.skip_on_device and optimizer.state:
             optimizer.found_inf = self.found_inf
             try:
                 optimizer.step()
             finally:
                 del optimizer.found_inf
-        elif not self.found_inf.item():
+        elif not self.found_inf.item():  # the documented host read of this level
             optimizer.step()
         self.skipped += self.found_inf
         if self.dynamic:
@@ -70,162 +85,170 @@ class LossScaler:
         self.skipped.fill_(state["skipped"])
 
 
-class Precision:
-    """O0: plain fp32 training. Subclasses override the hooks the engine calls."""
+class MasterWeights:
+    """O2, as apex does it: casts ``net`` to ``dtype`` except BatchNorm, and keeps fp32 master
+    copies of all its parameters for the optimizer. Per step, with multi-tensor ops only: the half
+    grads are copied into the master grads; after the step the masters are copied back."""
 
-    level, backend = "O0", "none"
-    input_dtype = torch.float32  # what the prefetcher hands the model
-    dynamic_loss_scale = False   # True: steps with non-finite grads are skipped, not fatal
+    def __init__(self, net, dtype):
+        self.names = [name for name, _ in net.named_parameters()]
+        self.params = [p.detach().clone().float().requires_grad_() for p in net.parameters()]
+        for master in self.params:
+            master.grad = torch.zeros_like(master)
+        self.grads = [master.grad for master in self.params]
+        net.to(dtype)
+        for module in net.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.float()
+        self.model_params = list(net.parameters())
 
-    def optimizer_params(self, model):
-        """The tensors the optimizer updates (prepares the model first where a level needs it)."""
-        return model.parameters()
+    def grads_from_model(self):
+        torch._foreach_copy_(self.grads, [p.grad for p in self.model_params])
 
-    def initialize(self, model, optimizer):
-        return model, optimizer
+    @torch.no_grad()
+    def weights_to_model(self):
+        torch._foreach_copy_(self.model_params, self.params)
 
-    def autocast(self):
-        return contextlib.nullcontext()
+    def state_dict(self, net):
+        """``net``'s state dict with the fp32 masters in place of its half parameters."""
+        return {**net.state_dict(), **dict(zip(self.names, (m.detach() for m in self.params)))}
 
-    def backward(self, loss, optimizer):
-        loss.backward()
-
-    def step(self, model, optimizer):
-        optimizer.step()
-
-    def zero_grad(self, model, optimizer):
-        zero_grad(optimizer)
-
-    def metrics(self):
-        """Scalars for the log: loss scale and skipped steps (tensors, read when logged)."""
-        return {}
-
-    def model_state_dict(self, model):
-        """The weights a checkpoint holds (fp32 where the level keeps fp32 masters)."""
-        return model.state_dict()
-
-    def load_model_state_dict(self, model, state):
-        """After the model loaded ``state`` (a full-precision state dict)."""
-
-    def state_dict(self):
-        return {}
-
+    @torch.no_grad()
     def load_state_dict(self, state):
-        pass
+        for name, master in zip(self.names, self.params):
+            master.copy_(state[name])
 
 
-class NativeAutocast(Precision):
-    """O1: torch.autocast around forward and loss, fp32 weights, loss scaling."""
+class NativePrecision:
+    """torch's own: O0 plain fp32; O1 autocast; O2 MasterWeights. Loss scaling at O1 and O2."""
 
     backend = "native"
 
-    def __init__(self, level, dtype, loss_scale, device):
-        self.level, self.dtype, self.device_type = level, dtype, device.type
-        self.scaler = LossScaler(loss_scale, device)
-        self.dynamic_loss_scale = self.scaler.dynamic
+    def __init__(self, *, level, dtype, loss_scale, device, net, skip_on_device=False):
+        self.level, self.device_type = level, device.type
+        self.autocast_dtype = dtype if level == "O1" else None
+        self.masters = MasterWeights(net, dtype) if level == "O2" else None
+        self.scaler = LossScaler(loss_scale, device, skip_on_device) if level != "O0" else None
+        self.input_dtype = dtype if level == "O2" else torch.float32  # what the prefetcher makes
+        self.dynamic_loss_scale = self.scaler is not None and self.scaler.dynamic
+
+    def params(self, net):
+        """The tensors the optimizer updates."""
+        return self.masters.params if self.masters else list(net.parameters())
+
+    def initialize(self, net, optimizer):
+        return net, optimizer
 
     def autocast(self):
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
     def backward(self, loss, optimizer):
-        (loss.float() * self.scaler.scale).backward()
+        (loss.float() * self.scaler.scale if self.scaler else loss).backward()
 
-    def step(self, model, optimizer):
-        self.scaler.unscale_and_check(grads_of(optimizer))
-        self.scaler.step(optimizer)
+    def unscale(self, optimizer):
+        """The optimizer's grads, unscaled, and found_inf set (O2: copied from the model first)."""
+        if self.masters:
+            self.masters.grads_from_model()
+        if self.scaler:
+            self.scaler.unscale_and_check(grads_of(optimizer))
+
+    def step(self, optimizer):
+        if self.scaler:
+            self.scaler.step(optimizer)
+        else:
+            optimizer.step()
+        if self.masters:
+            self.masters.weights_to_model()
+
+    def zero_grad(self, net, optimizer, set_to_none):
+        if self.masters:
+            net.zero_grad(set_to_none=True)  # the master grads are overwritten each step
+        else:
+            optimizer.zero_grad(set_to_none=set_to_none)
 
     def metrics(self):
-        return {"loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped}
+        """Scalars for the log: loss scale and skipped steps (tensors, read when logged)."""
+        return {"loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped} if self.scaler else {}
+
+    def weights(self, net):
+        """The weights a checkpoint holds (the fp32 masters under O2)."""
+        return self.masters.state_dict(net) if self.masters else net.state_dict()
+
+    def load_weights(self, state):
+        """After the model has loaded ``state`` (full precision): the masters too."""
+        if self.masters:
+            self.masters.load_state_dict(state)
 
     def state_dict(self):
-        return {"scaler": self.scaler.state_dict()}
+        return {"scaler": self.scaler.state_dict()} if self.scaler else {}
 
     def load_state_dict(self, state):
-        self.scaler.load_state_dict(state["scaler"])
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
 
-class NativeMasterWeights(NativeAutocast):
-    """O2: the model in half precision except BatchNorm (as apex O2 does), fp32 master copies of
-    all parameters owned by the optimizer. Per step, with multi-tensor ops only: copy the half
-    grads into the fp32 master grads, unscale and check them, step, copy the masters back."""
-
-    def __init__(self, level, dtype, loss_scale, device):
-        super().__init__(level, dtype, loss_scale, device)
-        self.input_dtype = dtype
-
-    def optimizer_params(self, model):
-        self.names = [name for name, _ in model.named_parameters()]
-        self.masters = [p.detach().clone().float().requires_grad_() for p in model.parameters()]
-        for master in self.masters:
-            master.grad = torch.zeros_like(master)
-        model.to(self.dtype)
-        for module in model.modules():
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-                module.float()
-        self.model_params = list(model.parameters())
-        return self.masters
-
-    def autocast(self):
-        return contextlib.nullcontext()
-
-    def step(self, model, optimizer):
-        master_grads = [m.grad for m in self.masters]
-        torch._foreach_copy_(master_grads, [p.grad for p in self.model_params])
-        self.scaler.unscale_and_check(master_grads)
-        self.scaler.step(optimizer)
-        with torch.no_grad():
-            torch._foreach_copy_(self.model_params, self.masters)
-
-    def zero_grad(self, model, optimizer):
-        model.zero_grad(set_to_none=True)  # the master grads are overwritten each step
-
-    def model_state_dict(self, model):
-        return {**model.state_dict(), **dict(zip(self.names, (m.detach() for m in self.masters)))}
-
-    def load_model_state_dict(self, model, state):
-        with torch.no_grad():
-            for name, master in zip(self.names, self.masters):
-                master.copy_(state[name])
-
-
-class ApexAmp(Precision):
-    """Ascend's apex: amp.initialize(..., combine_grad=True) before DDP, amp.scale_loss backward."""
+class ApexPrecision:
+    """Ascend's apex: amp.initialize(..., combine_grad=True) before DDP, amp.scale_loss backward;
+    apex unscales, checks and skips inside scale_loss and the patched optimizer.step."""
 
     backend = "apex"
+    input_dtype = torch.float32  # apex O2 casts the model's inputs itself
 
     def __init__(self, amp_module, level, loss_scale):
         self.amp, self.level, self.loss_scale = amp_module, level, loss_scale
         self.dynamic_loss_scale = loss_scale == "dynamic"
 
-    def initialize(self, model, optimizer):
-        return self.amp.initialize(model, optimizer, opt_level=self.level,
+    def params(self, net):
+        return list(net.parameters())
+
+    def initialize(self, net, optimizer):
+        return self.amp.initialize(net, optimizer, opt_level=self.level,
                                    loss_scale=self.loss_scale, combine_grad=True)
+
+    def autocast(self):
+        return contextlib.nullcontext()
 
     def backward(self, loss, optimizer):
         with self.amp.scale_loss(loss, optimizer) as scaled:
             scaled.backward()
 
+    def unscale(self, optimizer):
+        pass
+
+    def step(self, optimizer):
+        optimizer.step()
+
+    def zero_grad(self, net, optimizer, set_to_none):
+        optimizer.zero_grad(set_to_none=set_to_none)
+
+    def metrics(self):
+        return {}
+
+    def weights(self, net):
+        return net.state_dict()
+
+    def load_weights(self, state):
+        pass
+
     def state_dict(self):
         return {"apex": self.amp.state_dict()}
 
     def load_state_dict(self, state):
-        self.amp.load_state_dict(state["apex"])
+        if state.get("apex"):
+            self.amp.load_state_dict(state["apex"])
 
 
 def grads_of(optimizer):
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
-def build_precision(amp_cfg, device):
-    level = amp_cfg["level"]
-    if level == "O0":
-        return Precision()
-    backend = amp_cfg["backend"]
-    apex_amp = import_apex_amp() if backend in ("auto", "apex") else None
-    if backend == "apex" and apex_amp is None:
-        raise UsageError("amp.backend=apex: apex with amp (Ascend's fork) is not importable")
-    if apex_amp is not None:
-        return ApexAmp(apex_amp, level, amp_cfg["loss_scale"])
-    dtype = getattr(torch, amp_cfg["dtype"])
-    native = NativeAutocast if level == "O1" else NativeMasterWeights
-    return native(level, dtype, amp_cfg["loss_scale"], device)
+def build_precision(amp_cfg, *, backend, device, net, skip_on_device=False):
+    """The precision for the ``amp`` config section and its resolved ``backend``; under native O2
+    this casts ``net`` (see MasterWeights), so build it before the optimizer."""
+    if backend == "apex":
+        return ApexPrecision(import_apex_amp(), amp_cfg["level"], amp_cfg["loss_scale"])
+    return NativePrecision(level=amp_cfg["level"], dtype=getattr(torch, amp_cfg["dtype"]),
+                           loss_scale=amp_cfg["loss_scale"], device=device, net=net,
+                           skip_on_device=skip_on_device)

@@ -1,4 +1,4 @@
-"""Measurement helpers: dispatched-op counts, step-time breakdown, profiler traces."""
+"""Measurement helpers: dispatched-op counts, the step's time breakdown, profiler traces."""
 import contextlib
 import time
 
@@ -27,49 +27,45 @@ def count_ops(fn):
 
 
 class StepBreakdown:
-    """Seconds waiting for data and in the optimizer step (unscale, step, master copy, zero_grad).
+    """A TrainStep phase hook: seconds in the optimizer's phases (unscale, step, master copy,
+    zero_grad), with the device synchronized around them, which costs some speed (for
+    comparisons: train.measure_breakdown, not production runs). The ops of those phases are
+    counted once, on the third step (after lazy state init), which is then not timed."""
 
-    Enabled, it synchronizes the device around both, which costs some speed: for comparisons
-    (train.measure_breakdown), not for production runs. Disabled, it only calls the step.
-    The ops of one optimizer step are counted once, on the third step (after lazy state init)."""
+    OPTIMIZER_PHASES = ("unscale", "optimizer", "zero_grad")
 
-    def __init__(self, device, enabled):
-        self.device, self.enabled = device, enabled
-        self.data_s = self.optimizer_s = 0.0
-        self.steps = 0
+    def __init__(self, device):
+        self.device = device
+        self.optimizer_s = 0.0
+        self.steps = self.timed_steps = 0
         self.optimizer_ops = None
 
-    def start_wait(self):
-        if self.enabled:
+    @contextlib.contextmanager
+    def phase(self, name):
+        if name == "forward":
+            self.steps += 1
+        if name not in self.OPTIMIZER_PHASES:
+            yield
+        elif self.steps == 3:
+            with OpCounter() as counter:
+                yield
+            self.optimizer_ops = (self.optimizer_ops or 0) + counter.count
+        else:
+            self.timed_steps += name == "unscale"
             synchronize(self.device)
-            self._wait_start = time.perf_counter()
+            start = time.perf_counter()
+            yield
+            synchronize(self.device)
+            self.optimizer_s += time.perf_counter() - start
 
-    def end_wait(self):
-        if self.enabled:
-            self.data_s += time.perf_counter() - self._wait_start
-
-    def optimizer_step(self, step):
-        if not self.enabled:
-            return step()
-        self.steps += 1
-        if self.steps == 3 and self.optimizer_ops is None:
-            self.optimizer_ops = count_ops(step)
-            return
-        synchronize(self.device)
-        start = time.perf_counter()
-        step()
-        synchronize(self.device)
-        self.optimizer_s += time.perf_counter() - start
-
-    def summary(self, train_time, steps):
+    def summary(self, train_time, data_wait_s, steps):
         """Shares of the training time and per-step figures, for summary.json."""
-        if not self.enabled or not steps:
+        if not steps or not train_time:
             return {}
-        timed = max(1, self.steps - (self.optimizer_ops is not None))
-        return {"step_ms": 1000 * train_time / steps,
-                "optimizer_ms": 1000 * self.optimizer_s / timed,
-                "optimizer_share": self.optimizer_s / timed * steps / train_time,
-                "data_wait_share": self.data_s / train_time,
+        optimizer_ms = 1000 * self.optimizer_s / max(1, self.timed_steps)
+        return {"step_ms": 1000 * train_time / steps, "optimizer_ms": optimizer_ms,
+                "optimizer_share": optimizer_ms / 1000 * steps / train_time,
+                "data_wait_share": data_wait_s / train_time,
                 "optimizer_ops_per_step": self.optimizer_ops}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from mobilenet.config import UsageError
+from mobilenet.errors import UsageError
 
 
 def save_atomic(obj, path):

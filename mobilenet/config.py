@@ -1,30 +1,17 @@
-"""Configuration: defaults, YAML files and ``key.sub=value`` overrides, validated.
+"""Configuration: defaults, YAML files and ``key.sub=value`` overrides, validated, then resolved.
 
-Every user mistake (unknown key, wrong type, bad choice, missing file) raises UsageError, which
-train.py turns into a one-line message and a non-zero exit.
+``build_config`` merges the layers and checks every value; ``resolve`` computes, once, every value
+that depends on the machine or on other settings (device, world size, global batch, scaled LR,
+channels_last, optimizer implementation, amp backend, output folder) into a read-only config with a
+``derived`` section. Everything after that reads the resolved config and never changes it.
+Every user mistake raises UsageError.
 """
 import copy
-import sys
 from pathlib import Path
 
 import yaml
 
-
-class UsageError(Exception):
-    """A problem with the user's input: reported in one line, no traceback."""
-
-
-def exit_code(action):
-    """Runs ``action()``: 0, or 2 after printing a UsageError as one ``error: ...`` line."""
-    try:
-        action()
-        return 0
-    except UsageError as e:
-        # raised in a DataLoader worker, the message carries the worker's traceback: keep its end
-        message = str(e).strip().splitlines()[-1].removeprefix("mobilenet.config.UsageError: ")
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-
+from mobilenet.errors import UsageError
 
 DEFAULTS = {
     "seed": 0,
@@ -62,6 +49,9 @@ DEFAULTS = {
         "betas": [0.9, 0.999],     # adam, adamw
         "eps": 1.0e-8,             # adam, adamw, rmsprop
         "alpha": 0.99,             # rmsprop smoothing
+        "foreach": "auto",         # standard only: auto = torch's own choice for the device (the
+                                   # per-parameter loop on cpu and Ascend 910A, multi-tensor foreach
+                                   # on cuda and Ascend A2/A3); true | false force it
     },
     "schedule": {
         "name": "step",            # step | cosine
@@ -101,6 +91,9 @@ CHOICES = {
     "amp.dtype": {"float16", "bfloat16"},
     "amp.backend": {"auto", "apex", "native"},
 }
+FLAGS = {"optim.impl": "--optimizer", "data.path": "--data", "device": "--device", "amp.level": "--amp",
+         "train.epochs": "--epochs", "output": "--output", "train.profile": "--profile"}
+AUTO_OR_BOOL = {"model.channels_last", "optim.foreach"}
 POSITIVE = {"model.width_mult", "model.num_classes", "model.resolution", "data.batch_size",
             "data.val_batch_size", "data.synthetic_size", "train.epochs", "train.log_every",
             "optim.lr"}
@@ -162,7 +155,7 @@ def coerce(dotted, default, value, origin):
     elif isinstance(default, list):
         if not isinstance(value, list) or len(value) != len(default):
             raise bad(f"a list of {len(default)}")
-    elif dotted == "model.channels_last":
+    elif dotted in AUTO_OR_BOOL:
         if value not in ("auto", True, False):
             raise bad("auto, true or false")
     elif dotted == "amp.loss_scale":
@@ -197,13 +190,89 @@ def flatten(data, prefix=""):
             yield f"{prefix}{key}", value
 
 
-def build_config(config_path=None, overrides=()):
-    """Defaults <- YAML file <- overrides (``key.sub=value`` strings)."""
+def build_config(config_path=None, overrides=(), settings=None):
+    """Defaults <- YAML file <- ``settings`` ({'key.sub': value}, from command-line flags) <-
+    overrides (``key.sub=value`` strings)."""
     cfg = copy.deepcopy(DEFAULTS)
     if config_path:
-        for key, value in flatten(load_yaml(config_path)):
+        data = load_yaml(config_path)
+        data.pop("derived", None)  # a run's config.yaml: recomputed by resolve() for this machine
+        for key, value in flatten(data):
             set_key(cfg, key, value, f"--config {config_path}")
+    for key, value in (settings or {}).items():
+        set_key(cfg, key, value, FLAGS.get(key, key))
     for text in overrides:
         key, value = parse_override(text)
         set_key(cfg, key, value, f"override '{text}'")
     return cfg
+
+
+class Frozen(dict):
+    """A dict that refuses changes: the resolved config (nested Frozen dicts and tuples)."""
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("the resolved config is read-only: change settings before resolve()")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only
+
+    def __reduce__(self):  # copy and pickle rebuild it whole instead of item by item
+        return type(self), (dict(self),)
+
+
+def freeze(value):
+    if isinstance(value, dict):
+        return Frozen({k: freeze(v) for k, v in value.items()})
+    return tuple(freeze(v) for v in value) if isinstance(value, list) else value
+
+
+def thaw(value):
+    """Plain dicts and lists again (for YAML, JSON and checkpoints)."""
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    return [thaw(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def resolve(cfg, *, name="run", world=None):
+    """The run's read-only config: ``cfg``'s settings plus ``derived``, computed here once.
+
+    derived: device (npu|cuda|cpu), world_size, global_batch, lr (optim.lr, scaled to the global
+    batch when optim.lr_scale_batch > 0), channels_last, optimizer (the implementation that runs:
+    loop|foreach|fused|npu_fused), amp_backend (none|native|apex). ``output`` defaults to
+    runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment.
+    """
+    from mobilenet.amp import choose_backend
+    from mobilenet.device import choose_device
+    from mobilenet.distributed import world_from_env
+    from mobilenet.optim import choose_implementation
+
+    world = world or world_from_env()
+    device = choose_device(cfg["device"])
+    data, model, optim, amp = cfg["data"], cfg["model"], cfg["optim"], cfg["amp"]
+    global_batch = data["batch_size"] * world.size
+    lr = optim["lr"] * global_batch / optim["lr_scale_batch"] if optim["lr_scale_batch"] else optim["lr"]
+    channels_last = model["channels_last"]
+    derived = {
+        "device": device, "world_size": world.size, "global_batch": global_batch, "lr": lr,
+        # torch_npu keeps its own internal layouts; channels-last measured faster on cpu and cuda
+        "channels_last": device != "npu" if channels_last == "auto" else channels_last,
+        "optimizer": choose_implementation(name=optim["name"], impl=optim["impl"], device=device,
+                                           foreach=optim["foreach"]),
+        "amp_backend": choose_backend(amp["level"], amp["backend"]),
+    }
+    check_combinations(cfg, derived)
+    resolved = copy.deepcopy(cfg)
+    resolved["output"] = cfg["output"] or f"runs/{name}-{optim['impl']}"
+    resolved["derived"] = derived
+    return freeze(resolved)
+
+
+def check_combinations(cfg, derived):
+    """Settings that are valid alone but not together."""
+    if cfg["model"]["sync_bn"] and derived["world_size"] > 1 and derived["device"] == "cpu":
+        raise UsageError("model.sync_bn=true needs cuda or npu (torch has no SyncBatchNorm on cpu)")
+    if cfg["train"]["ema_decay"] > 0 and cfg["amp"]["level"] == "O2":
+        raise UsageError("train.ema_decay: an average of half-precision weights loses the small "
+                         "updates; use amp O0 or O1 with EMA")
+    if cfg["optim"]["impl"] == "fused" and cfg["optim"]["foreach"] != "auto":
+        raise UsageError("optim.foreach chooses between the loop and foreach of optim.impl=standard; "
+                         "leave it at auto with optim.impl=fused")

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from mobilenet.config import UsageError
+from mobilenet.errors import UsageError
 
 DIST_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 
@@ -21,28 +21,31 @@ def npu_available():
     return import_torch_npu() is not None and torch.npu.is_available()
 
 
-def resolve_device(name, local_rank=0):
-    """'auto' | 'npu' | 'cuda' | 'cpu' -> the torch.device this process trains on."""
+def choose_device(name):
+    """'auto' | 'npu' | 'cuda' | 'cpu' -> the device type this machine trains on."""
     if name == "auto":
-        name = "npu" if npu_available() else "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "npu":
-        if not npu_available():
-            raise UsageError("--device npu: torch_npu is not importable or no Ascend card is visible")
-        torch_npu = import_torch_npu()
-        torch_npu.npu.set_compile_mode(jit_compile=False)
-        torch.npu.set_device(local_rank)
-        return torch.device(f"npu:{local_rank}")
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA device is visible")
-        torch.cuda.set_device(local_rank)
-        return torch.device(f"cuda:{local_rank}")
-    return torch.device("cpu")
+        return "npu" if npu_available() else "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "npu" and not npu_available():
+        raise UsageError("--device npu: torch_npu is not importable or no Ascend card is visible")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is visible")
+    return name
+
+
+def open_device(device_type, local_rank=0):
+    """The torch.device of this process (the card of its local rank), made current."""
+    if device_type == "cpu":
+        return torch.device("cpu")
+    if device_type == "npu":
+        import_torch_npu().npu.set_compile_mode(jit_compile=False)
+    device_module(device_type).set_device(local_rank)
+    return torch.device(device_type, local_rank)
 
 
 def device_module(device):
-    """torch.cuda / torch.npu for accelerators, None for cpu."""
-    return getattr(torch, device.type) if device.type in ("cuda", "npu") else None
+    """torch.cuda / torch.npu for accelerators (a torch.device or its type), None for cpu."""
+    kind = getattr(device, "type", device)
+    return getattr(torch, kind) if kind in ("cuda", "npu") else None
 
 
 def synchronize(device):

@@ -33,8 +33,8 @@ def init_process_group(world, device):
                                 world_size=world.size, **kwargs)
 
 
-def wrap_ddp(model, world, device):
-    if world.size == 1:
+def wrap_ddp(model, world_size, device):
+    if world_size == 1:
         return model
     ids = None if device.type == "cpu" else [device.index]
     return DistributedDataParallel(model, device_ids=ids)

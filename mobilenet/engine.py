@@ -1,4 +1,5 @@
-"""Training and evaluation: builds everything from the config, runs the epochs, writes the run."""
+"""The run: builds everything from the resolved config, trains the epochs, validates, writes the run."""
+import itertools
 import json
 import math
 import signal
@@ -8,41 +9,36 @@ from pathlib import Path
 
 import torch
 import yaml
-from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from mobilenet import checkpoint as ckpt
-from mobilenet.amp import build_precision
 from mobilenet.bench import StepBreakdown, profiler
-from mobilenet.config import UsageError
+from mobilenet.config import thaw
 from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
-from mobilenet.device import describe, device_module, peak_memory_mb, resolve_device, synchronize
-from mobilenet.distributed import all_reduce_sum, destroy, init_process_group, world_from_env, wrap_ddp
-from mobilenet.logging import RunLogger
-from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
-from mobilenet.optim import build_optimizer, build_scheduler, describe_optimizer
+from mobilenet.device import describe, device_module, open_device, peak_memory_mb, synchronize
+from mobilenet.distributed import all_reduce_sum, destroy, init_process_group, world_from_env
+from mobilenet.errors import TrainingFailure
+from mobilenet.logging import RunLogger, accuracy_line, progress_line
+from mobilenet.optim import build_scheduler, describe_optimizer
+from mobilenet.step import TrainStep, build_train_step
 
 
 @dataclass
-class Trainer:
+class Run:
+    """What the loop carries: the resolved config, the step, the data, and where the run stands."""
     cfg: dict
     world: object
     device: torch.device
-    model: nn.Module           # what the step calls (DDP-wrapped in distributed runs)
-    net: nn.Module             # the bare MobileNetV1
-    precision: object
-    optimizer: torch.optim.Optimizer
+    train_step: TrainStep
     scheduler: object
     train_loader: object
     val_loader: object
     log: RunLogger
-    criterion: nn.Module
     steps: int                 # per epoch (fixed: the loader shortens when resuming mid-epoch)
-    ema: AveragedModel | None  # moving average of the weights (train.ema_decay > 0)
-    breakdown: StepBreakdown
+    breakdown: StepBreakdown | None = None
     epoch: int = 0             # epochs completed
     step: int = 0              # batches done in the epoch under way
     best_top1: float = 0.0
+    val_seconds: float = 0.0   # the last validation's duration (for the ETA)
 
 
 class StopOnSignal:
@@ -75,241 +71,248 @@ class StopOnSignal:
         return all_reduce_sum(flag).item() > 0
 
 
-def run(cfg, resume=None, evaluate_only=False):
-    """Trains (or only evaluates) as ``cfg`` says; returns the summary dict (rank 0 writes it)."""
+def run(cfg, *, resume=None, evaluate_only=False):
+    """Trains (or only evaluates) as the resolved ``cfg`` says; returns the summary dict.
+    ``resume``: a checkpoint path or 'auto' (the newest valid one in the run directory)."""
+    if "derived" not in cfg:
+        raise TypeError("run() takes a resolved config: run(resolve(build_config(...)))")
     world = world_from_env()
-    device = resolve_device(cfg["device"], world.local_rank)
+    device = open_device(cfg["derived"]["device"], world.local_rank)
     init_process_group(world, device)
     try:
-        trainer = build_trainer(cfg, world, device)
+        r = build_run(cfg, world, device)
         if resume:
-            restore(trainer, resume)
+            restore(r, resume)
         if evaluate_only:
-            top1, top5 = evaluate(trainer)
-            trainer.log.info(f" * Acc@1 {top1:.3f} Acc@5 {top5:.3f}")
-            return {"top1": top1, "top5": top5}
-        return fit(trainer)
+            results = validate(r)
+            for label, (top1, top5) in results.items():
+                r.log.info(accuracy_line(top1, top5, prefix=f" {label}" if label else ""))
+            return {"top1": results[""][0], "top5": results[""][1]}
+        return fit(r)
     finally:
         destroy()
 
 
-def build_trainer(cfg, world, device):
+def build_run(cfg, world, device):
     torch.manual_seed(cfg["seed"] + world.rank)
-    run_dir = Path(cfg["output"])
-    log = RunLogger(run_dir, enabled=world.is_main)
-    train_set, val_set = build_datasets(cfg["data"], cfg["model"])
-    net = MobileNetV1(cfg["model"]["width_mult"], cfg["model"]["num_classes"])
-    if cfg["model"]["pretrained"]:
-        load_weights(net, ckpt.load_checkpoint(cfg["model"]["pretrained"]), cfg["model"]["pretrained"])
-    if cfg["model"]["sync_bn"] and world.size > 1:
-        if device.type == "cpu":
-            raise UsageError("model.sync_bn=true needs cuda or npu (torch has no SyncBatchNorm on cpu)")
-        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
-    if cfg["model"]["channels_last"] == "auto":
-        cfg["model"]["channels_last"] = device.type != "npu"
-    memory_format = torch.channels_last if cfg["model"]["channels_last"] else torch.contiguous_format
-    net = net.to(device, memory_format=memory_format)
-    precision = build_precision(cfg["amp"], device)
-    optimizer = make_optimizer(cfg, precision.optimizer_params(net), net, device, world)
-    net, optimizer = precision.initialize(net, optimizer)
-    ema = build_ema(net, cfg["train"]["ema_decay"], precision)
-    model = wrap_ddp(net, world, device)
-    train_loader, val_loader = build_loaders(train_set, val_set, cfg["data"], cfg["seed"],
-                                             world.rank, world.size, device.type != "cpu")
-    steps = steps_per_epoch(cfg, train_loader)
-    scheduler = build_scheduler(optimizer, cfg["schedule"], optimizer.defaults["lr"], steps,
-                                cfg["train"]["epochs"])
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
-    if world.is_main:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    log.info(f"device {describe(device)}, {world.size} process(es); optimizer "
-             f"{describe_optimizer(optimizer)}; amp {cfg['amp']['level']} ({precision.backend})")
-    log.info(f"data {cfg['data']['path']}: {len(train_set)} train / {len(val_set)} val images, "
-             f"batch {cfg['data']['batch_size']} per process x {world.size} = "
-             f"{cfg['data']['batch_size'] * world.size} global, {steps} steps/epoch")
-    return Trainer(cfg, world, device, model, net, precision, optimizer, scheduler, train_loader,
-                   val_loader, log, criterion, steps, ema,
-                   StepBreakdown(device, cfg["train"]["measure_breakdown"]))
-
-
-def make_optimizer(cfg, params, net, device, world):
-    o = cfg["optim"]
-    lr = o["lr"]
-    if o["lr_scale_batch"] > 0:  # linear scaling rule: lr per lr_scale_batch images
-        lr = lr * cfg["data"]["batch_size"] * world.size / o["lr_scale_batch"]
-        if world.is_main:
-            print(f"lr {o['lr']:g} per {o['lr_scale_batch']} images -> {lr:g} for the global batch "
-                  f"{cfg['data']['batch_size'] * world.size}", flush=True)
-    return build_optimizer(net, o["name"], o["impl"], lr, o["momentum"], o["weight_decay"], device,
-                           o["nesterov"], o["no_decay_bn_bias"], o["betas"], o["eps"], o["alpha"],
-                           params=params)
-
-
-def build_ema(net, decay, precision):
-    if decay <= 0:
-        return None
-    if precision.level == "O2":
-        raise UsageError("train.ema_decay: an average of half-precision weights loses the small "
-                         "updates; use amp O0 or O1 with EMA")
-    return AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
-
-
-def steps_per_epoch(cfg, loader):
+    derived, data = cfg["derived"], cfg["data"]
+    log = RunLogger(Path(cfg["output"]), enabled=world.is_main)
+    train_set, val_set = build_datasets(data, cfg["model"])
+    train_step = build_train_step(cfg, device)
+    train_loader, val_loader = build_loaders(train_set, val_set, data, cfg["seed"], world.rank,
+                                             world.size, device.type != "cpu")
     limit = cfg["train"]["max_steps_per_epoch"]
-    return min(len(loader), limit) if limit > 0 else len(loader)
+    steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
+    scheduler = build_scheduler(train_step.optimizer, schedule=cfg["schedule"], base_lr=derived["lr"],
+                                steps_per_epoch=steps, epochs=cfg["train"]["epochs"])
+    if world.is_main:
+        (Path(cfg["output"]) / "config.yaml").write_text(yaml.safe_dump(thaw(cfg), sort_keys=False))
+    optim = cfg["optim"]
+    log.info(f"device {describe(device)}, {world.size} process(es); optimizer "
+             f"{describe_optimizer(optim['name'], derived['optimizer'])}; amp {cfg['amp']['level']} "
+             f"({derived['amp_backend']})")
+    scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
+    log.info(f"data {data['path']}: {len(train_set)} train / {len(val_set)} val images, batch "
+             f"{data['batch_size']} per process x {world.size} = {derived['global_batch']} global, "
+             f"{steps} steps/epoch, lr {derived['lr']:g}{scaled}")
+    breakdown = None
+    if cfg["train"]["measure_breakdown"]:
+        breakdown = StepBreakdown(device)
+        train_step.phase = breakdown.phase
+    return Run(cfg, world, device, train_step, scheduler, train_loader, val_loader, log, steps,
+               breakdown)
 
 
-def fit(t):
+def fit(r):
     """Epochs of training and validation; checkpoints and the summary at the end."""
-    cfg, log = t.cfg, t.log
+    cfg, log = r.cfg, r.log
     saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"])
-    train_images = train_time = 0.0
-    top1 = top5 = 0.0
-    ema_metrics = {}
-    trace = profiler(t.device, Path(cfg["output"]) / "profile", cfg["train"]["profile"] and t.world.is_main)
-    with StopOnSignal(t.world, t.device) as stop, trace as prof:
-        while t.epoch < cfg["train"]["epochs"]:
-            epoch = t.epoch
-            images, seconds = train_one_epoch(t, epoch, stop, prof)
-            train_images, train_time = train_images + images, train_time + seconds
-            if t.step < t.steps:  # stopped by a signal mid-epoch
-                return stopped(t, saver, stop)
-            top1, top5 = evaluate(t)
-            t.epoch, t.step = epoch + 1, 0
-            is_best = top1 > t.best_top1
-            t.best_top1 = max(t.best_top1, top1)
-            log.info(f" * Acc@1 {top1:.3f} Acc@5 {top5:.3f}  (epoch {epoch}, best {t.best_top1:.3f})")
-            ema_metrics = evaluate_ema(t)
-            log.record("val", t.epoch * t.steps, epoch=epoch, top1=top1, top5=top5,
-                       epoch_time_s=seconds, **ema_metrics)
-            if t.world.is_main:
-                saver.save(checkpoint_state(t), t.epoch, is_best)
-            if t.epoch < cfg["train"]["epochs"] and stop.should_stop(can_sync=True):
-                return stopped(t, saver, stop)
+    totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0}
+    results = {"": (0.0, 0.0)}
+    trace = profiler(r.device, Path(cfg["output"]) / "profile", cfg["train"]["profile"] and r.world.is_main)
+    run_start = time.perf_counter()
+    with StopOnSignal(r.world, r.device) as stop, trace as prof:
+        while r.epoch < cfg["train"]["epochs"]:
+            epoch = r.epoch
+            meter = train_one_epoch(r, stop, prof, run_start)
+            for key, value in meter.totals().items():
+                totals[key] += value
+            if r.step < r.steps:  # stopped by a signal mid-epoch
+                return stopped(r, saver, stop)
+            val_start = time.perf_counter()
+            results = validate(r)
+            r.val_seconds = time.perf_counter() - val_start
+            r.epoch, r.step = epoch + 1, 0
+            top1, top5 = results[""]
+            is_best = top1 > r.best_top1
+            r.best_top1 = max(r.best_top1, top1)
+            log.info(accuracy_line(top1, top5, f"epoch {epoch}, best {r.best_top1:.3f}"))
+            ema = {}
+            if "EMA" in results:
+                ema = dict(zip(("ema_top1", "ema_top5"), results["EMA"]))
+                log.info(accuracy_line(*results["EMA"], prefix=" EMA"))
+            log.record("val", r.epoch * r.steps, epoch=epoch, top1=top1, top5=top5,
+                       epoch_time_s=meter.seconds, **ema)
+            if r.world.is_main:
+                saver.save(checkpoint_state(r), r.epoch, is_best)
+            if r.epoch < cfg["train"]["epochs"] and stop.should_stop(can_sync=True):
+                return stopped(r, saver, stop)
+    return finish(r, totals, results)
+
+
+def finish(r, totals, results):
+    """summary.json and the closing line."""
+    cfg, derived = r.cfg, r.cfg["derived"]
     # on the device: nccl and hccl reduce only device tensors
-    unreadable = int(all_reduce_sum(torch.tensor(unreadable_count(t), device=t.device)).item())
-    summary = {"top1": top1, "top5": top5, "best_top1": t.best_top1, "epochs": t.epoch,
-               **ema_metrics,
-               "img_per_s": train_images / train_time if train_time else 0.0,
-               "optimizer": cfg["optim"]["impl"], "optimizer_class": describe_optimizer(t.optimizer),
-               "device": t.device.type, "amp": cfg["amp"]["level"], "world_size": t.world.size,
-               "global_batch": cfg["data"]["batch_size"] * t.world.size,
-               "peak_memory_mb": round(peak_memory_mb(t.device), 1), "unreadable_images": unreadable,
-               **t.breakdown.summary(train_time, train_images / (cfg["data"]["batch_size"] * t.world.size))}
+    unreadable = int(all_reduce_sum(torch.tensor(unreadable_count(r), device=r.device)).item())
+    (top1, top5), seconds = results[""], totals["seconds"]
+    steps = totals["images"] / derived["global_batch"]
+    summary = {"top1": top1, "top5": top5, "best_top1": r.best_top1, "epochs": r.epoch,
+               **({"ema_top1": results["EMA"][0], "ema_top5": results["EMA"][1]} if "EMA" in results else {}),
+               "img_per_s": totals["images"] / seconds if seconds else 0.0,
+               "data_wait_share": totals["data_wait_s"] / seconds if seconds else 0.0,
+               "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer"],
+               "optimizer_class": describe_optimizer(cfg["optim"]["name"], derived["optimizer"]),
+               "device": r.device.type, "amp": cfg["amp"]["level"], "world_size": r.world.size,
+               "global_batch": derived["global_batch"],
+               "peak_memory_mb": round(peak_memory_mb(r.device), 1), "unreadable_images": unreadable}
+    if r.breakdown is not None:
+        summary.update(r.breakdown.summary(seconds, totals["data_wait_s"], steps))
     if unreadable:
-        log.info(f"warning: {unreadable} reads of unreadable images were skipped (see the warnings)")
-    if t.world.is_main:
+        r.log.info(f"warning: {unreadable} reads of unreadable images were skipped (see the warnings)")
+    if r.world.is_main:
         out = Path(cfg["output"])
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        log.info(f"top-1 {top1:.2f}%, {summary['img_per_s']:.1f} img/s. Run directory {out}: "
-                 f"config.yaml, checkpoints/last.pt and best.pt, metrics.jsonl, summary.json; "
-                 f"TensorBoard: tensorboard --logdir {out}")
-    log.close()
+        r.log.info(f"top-1 {top1:.2f}%, {summary['img_per_s']:.1f} images/s. Run directory {out}: "
+                   f"config.yaml, checkpoints/last.pt and best.pt, metrics.jsonl, summary.json; "
+                   f"TensorBoard: tensorboard --logdir {out}")
+    r.log.close()
     return summary
 
 
-def stopped(t, saver, stop):
+def stopped(r, saver, stop):
     """After SIGTERM/SIGINT: a resumable last.pt, and how to resume."""
-    if t.world.is_main:
-        saver.save_last(checkpoint_state(t))
-    t.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {t.epoch} step "
-               f"{t.step}, saved {saver.last}. Resume with the same command plus "
-               f"--output {t.cfg['output']} --resume auto")
-    t.log.close()
+    if r.world.is_main:
+        saver.save_last(checkpoint_state(r))
+    r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.epoch} step "
+               f"{r.step}, saved {saver.last}. Resume with the same command plus "
+               f"--output {r.cfg['output']} --resume auto")
+    r.log.close()
     return None
 
 
-def unreadable_count(t):
-    counter = getattr(t.train_loader.dataset, "unreadable", None)
+def unreadable_count(r):
+    counter = getattr(r.train_loader.dataset, "unreadable", None)
     return counter.value if counter is not None else 0
 
 
-def train_one_epoch(t, epoch, stop, prof):
-    """Trains from batch ``t.step`` to the end of the epoch, or until ``stop`` says so.
-    Returns (images seen by all processes, seconds)."""
-    t.model.train()
-    if t.cfg["train"]["freeze_bn"]:
-        for module in t.net.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                module.eval()
-    first = t.step
-    t.train_loader.sampler.set_epoch(epoch, first * t.cfg["data"]["batch_size"])
-    steps, log_every = t.steps, t.cfg["train"]["log_every"]
-    batch_global = t.cfg["data"]["batch_size"] * t.world.size
-    loss_sum = torch.zeros((), device=t.device)
-    start = interval_start = time.perf_counter()
-    interval_steps = 0
-    t.breakdown.start_wait()
-    for i, (images, labels) in enumerate(prefetch(t, t.train_loader), start=first):
-        if i == steps:
-            break
-        t.breakdown.end_wait()
-        with t.precision.autocast():
-            loss = t.criterion(t.model(images).float(), labels)
-        t.precision.backward(loss, t.optimizer)
-        t.breakdown.optimizer_step(lambda: optimizer_step(t))
-        if t.ema is not None:
-            t.ema.update_parameters(t.net)
-        t.scheduler.step()
-        loss_sum += loss.detach().float()
-        interval_steps += 1
-        t.step = i + 1
-        at_log = t.step % log_every == 0 or t.step == steps
+class EpochMeter:
+    """Where one epoch's time goes: host seconds waiting for data, the interval's loss (summed on
+    the device), and the rates and ETAs of the progress line."""
+
+    def __init__(self, r, run_start, sync_wait):
+        self.r, self.run_start, self.sync_wait = r, run_start, sync_wait
+        self.first = r.step
+        self.start = self.interval_start = time.perf_counter()
+        self.loss_sum = torch.zeros((), device=r.device)
+        self.interval_steps = 0
+        self.wait_s = self.interval_wait_s = 0.0
+        self.steady = None  # (time, step) at the end of the first logged interval
+        self.seconds = 0.0
+
+    def batches(self, loader):
+        """The epoch's remaining batches, on the device; the wait for each is timed on the host
+        (after a device sync under train.measure_breakdown, so compute does not count as wait)."""
+        r = self.r
+        iterator = itertools.islice(prefetch(r, loader), r.steps - self.first)
+        while True:
+            if self.sync_wait:
+                synchronize(r.device)
+            start = time.perf_counter()
+            batch = next(iterator, None)
+            waited = time.perf_counter() - start
+            self.wait_s += waited
+            self.interval_wait_s += waited
+            if batch is None:
+                return
+            yield batch
+
+    def add(self, loss):
+        self.loss_sum += loss.float()
+        self.interval_steps += 1
+
+    def log(self):
+        """The progress line, metrics.jsonl and TensorBoard for the interval that ends now."""
+        r = self.r
+        cfg, batch = r.cfg, r.cfg["derived"]["global_batch"]
+        synchronize(r.device)
+        now = time.perf_counter()
+        loss = all_reduce_sum(self.loss_sum).item() / self.interval_steps / r.world.size
+        check_finite(r, loss)
+        seconds = now - self.interval_start
+        if self.steady is None:
+            self.steady = (self.interval_start, self.first)
+            steady_time, steady_steps = seconds, self.interval_steps
+        else:
+            steady_time, steady_steps = now - self.steady[0], r.step - self.steady[1]
+        step_time = steady_time / steady_steps
+        eta_epoch = (r.steps - r.step) * step_time + r.val_seconds
+        eta_run = eta_epoch + (cfg["train"]["epochs"] - r.epoch - 1) * (r.steps * step_time + r.val_seconds)
+        lr = r.train_step.optimizer.param_groups[0]["lr"]
+        extras = {k: float(v) for k, v in r.train_step.metrics().items()}
+        img_per_s, data_wait = batch * self.interval_steps / seconds, self.interval_wait_s / seconds
+        r.log.info(progress_line(epoch=r.epoch, step=r.step, steps=r.steps, eta_epoch=eta_epoch,
+                                 eta_run=eta_run, img_per_s=batch / step_time, data_wait=data_wait,
+                                 loss=loss, lr=lr, elapsed=now - self.run_start, extras=extras))
+        r.log.record("train", r.epoch * r.steps + r.step, epoch=r.epoch, loss=loss, lr=lr,
+                     img_per_s=img_per_s, data_wait=data_wait, **extras)
+        self.loss_sum.zero_()
+        self.interval_start, self.interval_steps, self.interval_wait_s = now, 0, 0.0
+
+    def totals(self):
+        """Images all processes trained, seconds and data wait of this epoch."""
+        self.seconds = time.perf_counter() - self.start
+        return {"images": (self.r.step - self.first) * self.r.cfg["derived"]["global_batch"],
+                "seconds": self.seconds, "data_wait_s": self.wait_s}
+
+
+def train_one_epoch(r, stop, prof, run_start):
+    """Trains from batch ``r.step`` to the end of the epoch, or until ``stop`` says so."""
+    cfg = r.cfg["train"]
+    r.train_step.train(freeze_bn=cfg["freeze_bn"])
+    r.train_loader.sampler.set_epoch(r.epoch, r.step * r.cfg["data"]["batch_size"])
+    meter = EpochMeter(r, run_start, sync_wait=r.breakdown is not None)
+    for images, labels in meter.batches(r.train_loader):
+        loss = r.train_step(images, labels)
+        r.scheduler.step()
+        r.step += 1
+        meter.add(loss)
+        at_log = r.step % cfg["log_every"] == 0 or r.step == r.steps
         if at_log:
-            synchronize(t.device)
-            now = time.perf_counter()
-            loss_mean = all_reduce_sum(loss_sum).item() / interval_steps / t.world.size
-            check_finite(t, loss_mean, epoch)
-            log_step(t, epoch, t.step, steps, loss_mean,
-                     batch_global * interval_steps / (now - interval_start))
-            loss_sum.zero_()
-            interval_start, interval_steps = now, 0
+            meter.log()
         prof.step()
         if stop.should_stop(can_sync=at_log):
             break
-        t.breakdown.start_wait()
-    synchronize(t.device)
-    return (t.step - first) * batch_global, time.perf_counter() - start
+    synchronize(r.device)
+    return meter
 
 
-def optimizer_step(t):
-    t.precision.step(t.model, t.optimizer)
-    t.precision.zero_grad(t.model, t.optimizer)
-
-
-def check_finite(t, loss_mean, epoch):
+def check_finite(r, loss_mean):
     """A non-finite loss ends the run unless dynamic loss scaling skips such steps."""
-    if not math.isfinite(loss_mean) and not t.precision.dynamic_loss_scale:
-        raise UsageError(f"the loss became {loss_mean} in epoch {epoch} before step {t.step}: "
-                         f"stopped; nothing saved after {t.cfg['output']}/checkpoints/last.pt")
+    if not math.isfinite(loss_mean) and not r.train_step.precision.dynamic_loss_scale:
+        raise TrainingFailure(f"the loss became {loss_mean} in epoch {r.epoch} before step {r.step}: "
+                              f"stopped; nothing saved after {r.cfg['output']}/checkpoints/last.pt")
 
 
-def prefetch(t, loader):
-    return DevicePrefetcher(loader, t.device, t.cfg["model"]["channels_last"],
-                            t.precision.input_dtype)
+def prefetch(r, loader):
+    return DevicePrefetcher(loader, r.device, r.cfg["derived"]["channels_last"],
+                            r.train_step.precision.input_dtype)
 
 
-def log_step(t, epoch, step, steps, loss, img_per_s):
-    lr = t.optimizer.param_groups[0]["lr"]
-    extra = {k: float(v) for k, v in t.precision.metrics().items()}
-    extras = "".join(f"  {k} {v:g}" for k, v in extra.items())
-    t.log.info(f"Epoch: [{epoch}][{step:>{len(str(steps))}}/{steps}]  loss {loss:.4f}  "
-               f"lr {lr:.5f}  img/s {img_per_s:.1f}{extras}")
-    t.log.record("train", epoch * steps + step, epoch=epoch, loss=loss, lr=lr,
-                 img_per_s=img_per_s, **extra)
-
-
-def evaluate(t):
-    return accuracy(t.net, prefetch(t, t.val_loader), t.precision.autocast, t.device)
-
-
-def evaluate_ema(t):
-    """{'ema_top1', 'ema_top5'} of the averaged weights, or {} without EMA."""
-    if t.ema is None:
-        return {}
-    top1, top5 = accuracy(t.ema.module, prefetch(t, t.val_loader), t.precision.autocast, t.device)
-    t.log.info(f" * EMA Acc@1 {top1:.3f} Acc@5 {top5:.3f}")
-    return {"ema_top1": top1, "ema_top5": top5}
+def validate(r):
+    """{'': (top1, top5)} of the model, and {'EMA': ...} of its average when there is one."""
+    return {label: accuracy(net, prefetch(r, r.val_loader), r.train_step.precision.autocast, r.device)
+            for label, net in r.train_step.eval_nets().items()}
 
 
 @torch.no_grad()
@@ -336,36 +339,27 @@ def rng_states(device):
     return states
 
 
-def checkpoint_state(t):
-    return {"epoch": t.epoch, "step": t.step, "rng": rng_states(t.device), "arch": "mobilenet_v1",
-            "state_dict": t.precision.model_state_dict(t.net),
-            "best_prec1": t.best_top1, "optimizer": t.optimizer.state_dict(),
-            "scheduler": t.scheduler.state_dict(), "amp": t.precision.state_dict(),
-            "ema": t.ema.state_dict() if t.ema is not None else None,
-            "config": t.cfg}
+def checkpoint_state(r):
+    return {"epoch": r.epoch, "step": r.step, "rng": rng_states(r.device), "arch": "mobilenet_v1",
+            **r.train_step.state_dict(), "best_prec1": r.best_top1,
+            "scheduler": r.scheduler.state_dict(), "config": thaw(r.cfg)}
 
 
-def restore(t, resume):
+def restore(r, resume):
     """Loads a checkpoint of ours ('auto': the newest valid one in the run directory)."""
     if resume == "auto":
-        found = ckpt.load_latest(t.cfg["output"])
+        found = ckpt.load_latest(r.cfg["output"])
         if found is None:
-            t.log.info(f"--resume auto: no checkpoint in {t.cfg['output']}, starting fresh")
+            r.log.info(f"--resume auto: no checkpoint in {r.cfg['output']}, starting fresh")
             return
         resume, state = found
     else:
         state = ckpt.load_checkpoint(resume)
-    load_weights(t.net, state, str(resume))
-    t.precision.load_model_state_dict(t.net, unwrap_state_dict(state))
-    if "optimizer" in state and "scheduler" in state:
-        t.optimizer.load_state_dict(state["optimizer"])
-        t.scheduler.load_state_dict(state["scheduler"])
-        if state.get("amp"):
-            t.precision.load_state_dict(state["amp"])
-        if t.ema is not None and state.get("ema"):
-            t.ema.load_state_dict(state["ema"])
-        t.epoch, t.step, t.best_top1 = state["epoch"], state["step"], float(state["best_prec1"])
+    r.train_step.load_state_dict(state, str(resume))
+    if state.get("optimizer") and state.get("scheduler"):
+        r.scheduler.load_state_dict(state["scheduler"])
+        r.epoch, r.step, r.best_top1 = state["epoch"], state["step"], float(state["best_prec1"])
         torch.set_rng_state(state["rng"]["torch"])
-        if "device" in state["rng"] and device_module(t.device) is not None:
-            device_module(t.device).set_rng_state(state["rng"]["device"])
-    t.log.info(f"resumed from {resume} (epoch {t.epoch}, step {t.step})")
+        if "device" in state["rng"] and device_module(r.device) is not None:
+            device_module(r.device).set_rng_state(state["rng"]["device"])
+    r.log.info(f"resumed from {resume} (epoch {r.epoch}, step {r.step})")

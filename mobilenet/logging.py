@@ -1,8 +1,35 @@
-"""Run output of rank 0: console lines, TensorBoard scalars and metrics.jsonl."""
+"""Run output of rank 0: console lines, TensorBoard scalars and metrics.jsonl.
+
+Console lines keep the fields that Ascend ModelZoo's MobileNetV1 test scripts read with awk:
+progress lines ``Epoch: [e][s/n] ...`` carry the epoch's running img/s as field 9 and the
+interval's loss as field 14; validation lines `` * Prec@1 X Prec@5 Y`` the top-1 as field 3. No
+other line contains ``img/s`` or ``Epoch:``.
+"""
 import json
 from pathlib import Path
 
-from mobilenet.config import UsageError
+from mobilenet.errors import UsageError
+
+
+def clock(seconds):
+    """H:MM:SS (hours unbounded, no spaces: the line's fields stay at fixed positions)."""
+    seconds = max(0, round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(*, epoch, step, steps, eta_epoch, eta_run, img_per_s, data_wait, loss, lr,
+                  elapsed, extras):
+    """``Epoch: [e][s/n]  eta E epoch, R run  img/s X  data wait W%  loss L  lr ...  elapsed T``;
+    awk fields: 9 img/s (running), 14 loss."""
+    tail = "".join(f"  {k} {v:g}" for k, v in extras.items())
+    return (f"Epoch: [{epoch}][{step}/{steps}]  eta {clock(eta_epoch)} epoch, {clock(eta_run)} run  "
+            f"img/s {img_per_s:.1f}  data wait {data_wait:.0%}  loss {loss:.4f}  lr {lr:.5f}  "
+            f"elapsed {clock(elapsed)}{tail}")
+
+
+def accuracy_line(top1, top5, note="", prefix=""):
+    """`` * Prec@1 X Prec@5 Y  (note)``; awk field 3 is the top-1 (without ``prefix``)."""
+    return f" *{prefix} Prec@1 {top1:.3f} Prec@5 {top5:.3f}" + (f"  ({note})" if note else "")
 
 
 class RunLogger:

@@ -8,7 +8,7 @@ as ``model.3.4.running_mean`` load unchanged.
 import torch
 from torch import nn
 
-from mobilenet.config import UsageError
+from mobilenet.errors import UsageError
 
 # (output channels, stride) of the 13 depthwise-separable blocks, Table 1 of the paper.
 BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),

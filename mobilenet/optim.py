@@ -1,15 +1,60 @@
-"""Optimizer factory (standard per-parameter loop vs fused, per device) and LR schedules."""
+"""Optimizers: one table of algorithms, four implementations, and the LR schedules.
+
+Implementations of one algorithm, from most launches per step to fewest:
+  loop       torch's per-parameter for-loop (foreach=False): several small ops per tensor
+  foreach    torch's multi-tensor path (foreach=True): one op per operation for all tensors
+  fused      torch's fused kernel (fused=True): one kernel for the whole update (cuda, cpu)
+  npu_fused  torch_npu.optim.NpuFused*: params, grads and state combined into contiguous buffers
+``optim.impl=standard`` runs what an unmodified torch optimizer runs on the device (torch chooses
+loop or foreach; ``optim.foreach`` forces one); ``fused`` runs the fused one the device has.
+"""
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.optim.optimizer as torch_optimizer  # the module torch_npu patches
 
 from mobilenet.device import import_torch_npu
 
-TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam,
-                    "adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}
-# torch_npu.optim classes: combined contiguous buffers, a few ops per step for all parameters.
-NPU_FUSED = {"sgd": "NpuFusedSGD", "adam": "NpuFusedAdam",
-             "adamw": "NpuFusedAdamW", "rmsprop": "NpuFusedRMSprop"}
+
+@dataclass(frozen=True)
+class Algorithm:
+    torch_class: type
+    npu_fused: str          # its class in torch_npu.optim
+    hyperparameters: tuple  # optim.* settings it takes besides lr and weight_decay
+    fused_kernel: bool      # torch has a fused=True kernel for it
+
+
+ALGORITHMS = {
+    "sgd": Algorithm(torch.optim.SGD, "NpuFusedSGD", ("momentum", "nesterov"), True),
+    "adam": Algorithm(torch.optim.Adam, "NpuFusedAdam", ("betas", "eps"), True),
+    "adamw": Algorithm(torch.optim.AdamW, "NpuFusedAdamW", ("betas", "eps"), True),
+    "rmsprop": Algorithm(torch.optim.RMSprop, "NpuFusedRMSprop", ("momentum", "alpha", "eps"), False),
+}
+IMPLEMENTATIONS = ("loop", "foreach", "fused", "npu_fused")
+
+
+def torch_default_foreach(device):
+    """Whether an unmodified torch optimizer takes the foreach path on this device type: torch's own
+    list (cuda, xpu, ...), which torch_npu patches to include npu on Ascend A2/A3 but not 910A."""
+    return device in torch_optimizer._get_foreach_kernels_supported_devices()
+
+
+def choose_implementation(*, name, impl, device, foreach="auto"):
+    """loop | foreach | fused | npu_fused for algorithm ``name``, optim.impl ``impl`` (standard or
+    fused), a device type and optim.foreach (auto, True or False; for standard only)."""
+    if impl == "fused":
+        if device == "npu":
+            return "npu_fused"
+        return "fused" if ALGORITHMS[name].fused_kernel else "foreach"
+    if foreach == "auto":
+        foreach = torch_default_foreach(device)
+    return "foreach" if foreach else "loop"
+
+
+def hyperparameters(optim):
+    """The settings of the ``optim`` config section that its algorithm takes, as keyword arguments."""
+    return {key: optim[key] for key in ALGORITHMS[optim["name"]].hyperparameters}
 
 
 def param_groups(params, weight_decay, no_decay_bn_bias):
@@ -21,57 +66,41 @@ def param_groups(params, weight_decay, no_decay_bn_bias):
             {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
 
 
-def hyperparameters(name, lr, momentum, nesterov, betas, eps, alpha):
-    if name == "sgd":
-        return {"lr": lr, "momentum": momentum, "nesterov": nesterov}
-    if name in ("adam", "adamw"):
-        return {"lr": lr, "betas": tuple(betas), "eps": eps}
-    return {"lr": lr, "momentum": momentum, "alpha": alpha, "eps": eps}
+def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight_decay=0.0,
+                    no_decay_bn_bias=False, **hyper):
+    """Algorithm ``name`` in ``implementation`` (see the module doc) over ``params`` (a module or
+    tensors). ``hyper``: the algorithm's own settings (momentum, nesterov, betas, eps, alpha)."""
+    algorithm = ALGORITHMS[name]
+    unknown = hyper.keys() - set(algorithm.hyperparameters)
+    if unknown:
+        raise TypeError(f"{name} takes {', '.join(algorithm.hyperparameters)}, not {sorted(unknown)}")
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
+    groups = param_groups(params, weight_decay, no_decay_bn_bias)
+    kwargs = {"lr": lr, **hyper}
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    if implementation == "npu_fused":
+        return getattr(import_torch_npu().optim, algorithm.npu_fused)(groups, **kwargs)
+    flag = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+    return algorithm.torch_class(groups, **flag[implementation], **kwargs)
 
 
-def build_optimizer(model, name="sgd", impl="standard", lr=0.1, momentum=0.9, weight_decay=0.0,
-                    device="cpu", nesterov=False, no_decay_bn_bias=False, betas=(0.9, 0.999),
-                    eps=1e-8, alpha=0.99, params=None):
-    """The optimizer for ``name`` in the ``impl`` flavour that suits ``device``.
-
-    standard: torch's per-parameter loop (foreach=False), several small ops per tensor.
-    fused: torch_npu.optim.NpuFused* on npu; torch's fused kernel (fused=True) on cuda and cpu;
-    RMSprop has no torch fused kernel, so it takes the multi-tensor (foreach) path there.
-    ``params`` replaces ``model.parameters()`` (amp O2 passes its fp32 master copies).
-    """
-    if name not in TORCH_OPTIMIZERS or impl not in ("standard", "fused"):
-        raise ValueError(f"unknown optimizer {name!r}/{impl!r}")
-    groups = param_groups(model.parameters() if params is None else params,
-                          weight_decay, no_decay_bn_bias)
-    kwargs = hyperparameters(name, lr, momentum, nesterov, betas, eps, alpha)
-    if impl == "standard":
-        return TORCH_OPTIMIZERS[name](groups, foreach=False, **kwargs)
-    if str(device).split(":")[0] == "npu":
-        return getattr(import_torch_npu().optim, NPU_FUSED[name])(groups, **kwargs)
-    if name == "rmsprop":
-        return torch.optim.RMSprop(groups, foreach=True, **kwargs)
-    return TORCH_OPTIMIZERS[name](groups, fused=True, **kwargs)
-
-
-def is_npu_fused(optimizer):
-    return type(optimizer).__name__.startswith("NpuFused")
-
-
-def describe_optimizer(optimizer):
-    """Which implementation runs, for the log: e.g. 'SGD (fused kernel)'."""
-    cls = type(optimizer).__name__
-    if is_npu_fused(optimizer):
-        return f"{cls} (torch_npu combined buffers)"
-    if optimizer.defaults.get("fused"):
-        return f"{cls} (fused kernel)"
-    if optimizer.defaults.get("foreach"):
+def describe_optimizer(name, implementation):
+    """What runs, for the log and summary.json: e.g. 'SGD (fused kernel)'."""
+    algorithm = ALGORITHMS[name]
+    cls = algorithm.torch_class.__name__
+    if implementation == "npu_fused":
+        return f"{algorithm.npu_fused} (torch_npu combined buffers)"
+    if implementation == "foreach" and not algorithm.fused_kernel:
         return f"{cls} (multi-tensor foreach: torch has no fused {cls} kernel)"
-    return f"{cls} (per-parameter loop, foreach=False)"
+    return cls + {"loop": " (per-parameter loop, foreach=False)", "foreach": " (multi-tensor foreach)",
+                  "fused": " (fused kernel)"}[implementation]
 
 
-def zero_grad(optimizer):
+def zero_grad_to_none(implementation):
     """NpuFused* keep the grads inside their combined buffer and reject set_to_none=True."""
-    optimizer.zero_grad(set_to_none=not is_npu_fused(optimizer))
+    return implementation != "npu_fused"
 
 
 def lr_factor_fn(name, steps_per_epoch, epochs, step_epochs=30, gamma=0.1, warmup_epochs=0.0,
@@ -90,7 +119,7 @@ def lr_factor_fn(name, steps_per_epoch, epochs, step_epochs=30, gamma=0.1, warmu
     return factor
 
 
-def build_scheduler(optimizer, schedule, base_lr, steps_per_epoch, epochs):
+def build_scheduler(optimizer, *, schedule, base_lr, steps_per_epoch, epochs):
     """Per-iteration LambdaLR from the ``schedule`` config section."""
     factor = lr_factor_fn(schedule["name"], steps_per_epoch, epochs, schedule["step_epochs"],
                           schedule["gamma"], schedule["warmup_epochs"],

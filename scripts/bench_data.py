@@ -14,12 +14,10 @@ so a slow spell of a shared machine hits both.
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def write_photo_folder(root, count, seed=0):

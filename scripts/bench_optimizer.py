@@ -1,4 +1,5 @@
-"""The optimizer step alone, on MobileNetV1's 83 parameter tensors: standard vs foreach vs fused.
+"""The optimizer step alone, on MobileNetV1's 83 parameter tensors: loop vs foreach vs fused
+(plus torch_npu's NpuFused on npu).
 
 python scripts/bench_optimizer.py [--device auto] [--width 1.0] [--optimizer sgd] [--json FILE]
 Prints ms/step (median of --repeats runs of --iterations steps) and aten ops dispatched per step.
@@ -6,27 +7,24 @@ Prints ms/step (median of --repeats runs of --iterations steps) and aten ops dis
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def variants(device):
-    """(label, build_optimizer impl, multi-tensor foreach path) for this device."""
-    fused = "NpuFused (torch_npu)" if device.type == "npu" else "fused (fused=True)"
-    return [("standard (foreach=False)", "standard", False),
-            ("foreach (multi-tensor)", "standard", True), (fused, "fused", False)]
+def implementations(device, name):
+    """The implementations this device runs, the first being the baseline of the ratios."""
+    from mobilenet.optim import ALGORITHMS
+    found = ["loop", "foreach"] + ["fused"] * ALGORITHMS[name].fused_kernel
+    return found + ["npu_fused"] * (device.type == "npu")
 
 
-def build(model, name, impl, foreach, device):
-    from mobilenet.optim import build_optimizer
-    optimizer = build_optimizer(model, name, impl, lr=0.1, momentum=0.9, weight_decay=1e-4,
-                                device=device)
-    for group in optimizer.param_groups:  # torch reads the flag at every step
-        group["foreach"] = foreach or group["foreach"]
-    return optimizer
+def build(model, name, implementation):
+    from mobilenet.optim import ALGORITHMS, build_optimizer
+    defaults = {"momentum": 0.9, "nesterov": False, "betas": (0.9, 0.999), "eps": 1e-8, "alpha": 0.99}
+    hyper = {key: defaults[key] for key in ALGORITHMS[name].hyperparameters}
+    return build_optimizer(model, implementation=implementation, name=name, lr=0.1,
+                           weight_decay=1e-4, **hyper)
 
 
 def measure(optimizer, device, iterations, repeats):
@@ -58,26 +56,28 @@ def main(argv=None):
 
     import torch
 
-    from mobilenet.device import describe, resolve_device
+    from mobilenet.device import choose_device, describe, open_device
     from mobilenet.model import MobileNetV1
-    device = resolve_device(args.device)
+    from mobilenet.optim import describe_optimizer
+    device = open_device(choose_device(args.device))
     rows = []
-    for label, impl, foreach in variants(device):
+    for implementation in implementations(device, args.optimizer):
         torch.manual_seed(0)
         model = MobileNetV1(args.width).to(device)
         for p_ in model.parameters():
             p_.grad = torch.randn_like(p_) * 1e-3
-        optimizer = build(model, args.optimizer, impl, foreach, device)
+        optimizer = build(model, args.optimizer, implementation)
         ms, ops = measure(optimizer, device, args.iterations, args.repeats)
-        rows.append({"variant": label, "ms_per_step": ms, "ops_per_step": ops})
+        rows.append({"variant": implementation, "class": describe_optimizer(args.optimizer, implementation),
+                     "ms_per_step": ms, "ops_per_step": ops})
     base = rows[0]
     print(f"{args.optimizer} step on MobileNetV1 x{args.width} ({sum(1 for _ in model.parameters())} "
           f"tensors), {describe(device)}")
-    print("| variant | ms/step | ops/step | time vs standard | ops vs standard |\n|---|---|---|---|---|")
+    print("| implementation | ms/step | ops/step | time vs loop | ops vs loop |\n|---|---|---|---|---|")
     for r in rows:
         r["time_ratio"] = r["ms_per_step"] / base["ms_per_step"]
         r["ops_ratio"] = r["ops_per_step"] / base["ops_per_step"]
-        print(f"| {r['variant']} | {r['ms_per_step']:.3f} | {r['ops_per_step']} | "
+        print(f"| {r['class']} | {r['ms_per_step']:.3f} | {r['ops_per_step']} | "
               f"{r['time_ratio']:.2f}x | {r['ops_ratio']:.3f}x |")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": str(device), "optimizer": args.optimizer,

@@ -12,13 +12,11 @@ import contextlib
 import io
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def plain_loop(args, device):
@@ -51,18 +49,17 @@ def plain_loop(args, device):
 
 
 def train_py(args, device, *overrides):
-    """img/s of train.py (in this process, as the plain loop) over the same steps: its 5-step
-    log intervals after the first."""
-    import train
+    """img/s of the app's own loop (engine.run, in this process as the plain loop) over the same
+    steps: its 5-step log intervals after the first."""
+    from mobilenet.config import build_config, resolve
+    from mobilenet.engine import run
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
-        code = train.main(["--data", "synthetic", "--optimizer", "fused", "--device", device.type,
-                           "--output", out, "--epochs", "1", f"model.width_mult={args.width}",
-                           f"model.resolution={args.resolution}", f"data.batch_size={args.batch_size}",
-                           f"data.workers={args.workers}",
-                           f"data.synthetic_size={args.batch_size * (args.steps + 5)}",
-                           "train.log_every=5", "schedule.name=cosine", *overrides])
-        if code != 0:
-            raise SystemExit(f"train.py failed (exit {code})")
+        cfg = build_config(ROOT / "configs" / "synthetic.yaml", [
+            f"device={device.type}", "optim.impl=fused", "train.epochs=1", f"model.width_mult={args.width}",
+            f"model.resolution={args.resolution}", f"data.batch_size={args.batch_size}",
+            f"data.workers={args.workers}", f"data.synthetic_size={args.batch_size * (args.steps + 5)}",
+            "train.log_every=5", "schedule.name=cosine", *overrides], settings={"output": out})
+        run(resolve(cfg))
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     rates = [r["img_per_s"] for r in records if r["kind"] == "train"][1:]
     return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
@@ -79,8 +76,8 @@ def main(argv=None):
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
     p.add_argument("--json")
     args = p.parse_args(argv)
-    from mobilenet.device import resolve_device
-    device = resolve_device(args.device)
+    from mobilenet.device import choose_device, open_device
+    device = open_device(choose_device(args.device))
     runs = {"plain loop": lambda: plain_loop(args, device),
             "train.py": lambda: train_py(args, device),
             "train.py, channels_last off (the loop's own cost)":

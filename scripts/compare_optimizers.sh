@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Standard vs fused optimizer, back to back with the same seed, data and settings.
+# The three optimizer implementations, back to back with the same seed, data and settings:
+#   loop     optim.impl=standard optim.foreach=false  (the seed article's baseline; torch on cpu/910A)
+#   foreach  optim.impl=standard optim.foreach=true   (torch's default on cuda and Ascend A2/A3)
+#   fused    optim.impl=fused                         (torch fused=True; NpuFused* on npu)
 #   bash scripts/compare_optimizers.sh [train.sh flags]      (default: the bundled demo)
-# Both runs measure their step-time breakdown (train.measure_breakdown=true). Writes
-# $COMPARE_OUT (default runs/compare)/{standard,fused} (TensorBoard: tensorboard --logdir runs/compare),
-# report.json and report.png, and prints the table.
+# Every run measures its step-time breakdown (train.measure_breakdown=true). Writes
+# $COMPARE_OUT (default runs/compare)/{loop,foreach,fused} (TensorBoard: tensorboard --logdir
+# runs/compare), report.json and report.png, and prints the table.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 out="${COMPARE_OUT:-runs/compare}"
-for impl in standard fused; do
-  echo "== $impl" >&2
-  bash "$ROOT/train.sh" "$@" --optimizer "$impl" --output "$out/$impl" train.measure_breakdown=true >&2
+declare -A settings=([loop]="--optimizer standard optim.foreach=false"
+                     [foreach]="--optimizer standard optim.foreach=true" [fused]="--optimizer fused")
+for name in loop foreach fused; do
+  echo "== $name" >&2
+  # shellcheck disable=SC2086  # the settings are words
+  bash "$ROOT/train.sh" "$@" ${settings[$name]} --output "$out/$name" train.measure_breakdown=true >&2
 done
 "$PY" "$ROOT/scripts/compare_report.py" "$out"

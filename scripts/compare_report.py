@@ -1,6 +1,7 @@
-"""Table, JSON and plot of a standard-vs-fused comparison: python scripts/compare_report.py DIR
+"""Table, JSON and plot of an optimizer comparison: python scripts/compare_report.py DIR
 
-DIR holds the run directories standard/ and fused/ (scripts/compare_optimizers.sh makes them).
+DIR holds the run directories loop/, foreach/ and fused/ (scripts/compare_optimizers.sh makes
+them). Ratios are to the loop, the seed article's baseline.
 """
 import json
 import sys
@@ -40,21 +41,26 @@ def plot(runs, path):
     fig.savefig(path, dpi=100)
 
 
+RUNS = ("loop", "foreach", "fused")
+
+
 def main(folder):
     folder = Path(folder)
-    runs = {name: load_run(folder / name) for name in ("standard", "fused")}
-    std, fused = runs["standard"][0], runs["fused"][0]
-    print(f"{std['optimizer_class']} vs {fused['optimizer_class']} on {std['device']}, amp {std['amp']}, "
-          f"global batch {std['global_batch']}")
-    print("| | standard | fused | fused / standard |\n|---|---|---|---|")
-    report = {"standard": std, "fused": fused, "ratio": {}}
+    runs = {name: load_run(folder / name) for name in RUNS}
+    summaries = {name: summary for name, (summary, _) in runs.items()}
+    loop = summaries["loop"]
+    print(" vs ".join(s["optimizer_class"] for s in summaries.values()) +
+          f" on {loop['device']}, amp {loop['amp']}, global batch {loop['global_batch']}")
+    print("| | loop | foreach | fused | foreach / loop | fused / loop |\n|---|---|---|---|---|---|")
+    report = {**summaries, "ratio": {}, "ratio_foreach": {}}
     for label, key, fmt in ROWS:
-        a, b = std.get(key), fused.get(key)
-        if a is None or b is None:
+        values = [summaries[name].get(key) for name in RUNS]
+        if None in values:
             continue
-        ratio = b / a if a else float("nan")
-        report["ratio"][key] = ratio
-        print(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {ratio:.3f}x |")
+        ratios = [v / values[0] if values[0] else float("nan") for v in values[1:]]
+        report["ratio_foreach"][key], report["ratio"][key] = ratios
+        print(f"| {label} | " + " | ".join(fmt.format(v) for v in values) +
+              "".join(f" | {r:.3f}x" for r in ratios) + " |")
     (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(runs, folder / "report.png")
     print(f"wrote {folder / 'report.json'}, {folder / 'report.png'}; "

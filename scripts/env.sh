@@ -1,6 +1,7 @@
 # Sourced by train.sh and scripts/test.sh: sets PY to the Python that runs the app.
 # The active Python is used as it is when it imports torch (an Ascend environment with torch_npu,
-# say); otherwise .venv, created from requirements.txt on first use.
+# say); otherwise .venv, created on first use with the pinned torch (requirements.txt) and this
+# package with its test extra (pip install -e '.[test]').
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY=""
 for candidate in python python3; do
@@ -12,11 +13,13 @@ done
 if [ -z "$PY" ]; then
   PY="$ROOT/.venv/bin/python"
   if ! "$PY" -c "import torch" 2>/dev/null; then
-    echo "Setting up $ROOT/.venv from requirements.txt (first run: a few minutes)..." >&2
+    echo "Setting up $ROOT/.venv (first run: a few minutes)..." >&2
     python3 -m venv "$ROOT/.venv"
-    "$PY" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt" >&2
+    "$PY" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -e "$ROOT[test]" >&2
   fi
 fi
+# the checkout's package, also where it is not pip-installed (an Ascend environment, say)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 if ! missing=$("$PY" - <<'PYCODE'
 import importlib.util
 need = ["torchvision", "yaml", "tensorboard", "sklearn", "PIL", "simplejpeg"]
@@ -25,6 +28,6 @@ print(" ".join(gone))
 raise SystemExit(1 if gone else 0)
 PYCODE
 ); then
-  echo "error: $PY has torch but lacks: $missing (pip install -r $ROOT/requirements.txt)" >&2
+  echo "error: $PY has torch but lacks: $missing (pip install -e '$ROOT')" >&2
   exit 1
 fi

@@ -5,10 +5,8 @@ Input `actual_input_1` (N x 3 x R x R, normalised RGB), output `output1` (N x cl
 """
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mobilenet.config import exit_code  # noqa: E402
+from mobilenet.errors import exit_code
 
 
 def main(argv=None):

@@ -3,11 +3,8 @@
 python scripts/model_info.py [--width 1.0] [--resolution 224] [--num-classes 1000]
 """
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mobilenet.model import MobileNetV1, count_multiply_adds  # noqa: E402
+from mobilenet.model import MobileNetV1, count_multiply_adds
 
 
 def main(argv=None):

@@ -1,16 +1,16 @@
 """Top-1/top-5 of a checkpoint (ours or an Ascend ModelZoo .pth.tar) on an ImageFolder val set.
 
 python scripts/validate.py --checkpoint X --data /path/to/imagenet [--resolution 224]
+Prints ` * Prec@1 X Prec@5 Y` (the line Ascend's scripts parse).
 ImageNet protocol: resize to resolution/0.875 (256 for 224), centre crop. Width and class count
 are read from the weights.
 """
 import argparse
 import contextlib
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mobilenet.config import UsageError, exit_code  # noqa: E402
+from mobilenet.errors import UsageError, exit_code
+from mobilenet.logging import accuracy_line
 
 
 def main(argv=None):
@@ -26,7 +26,7 @@ def main(argv=None):
 
     def report():
         top1, top5 = validate(args)
-        print(f" * Acc@1 {top1:.3f} Acc@5 {top5:.3f}")
+        print(accuracy_line(top1, top5))
     return exit_code(report)
 
 
@@ -35,11 +35,11 @@ def validate(args):
 
     from mobilenet.checkpoint import load_checkpoint
     from mobilenet.data import DevicePrefetcher, image_folder, val_transform
-    from mobilenet.device import resolve_device
+    from mobilenet.device import choose_device, open_device
     from mobilenet.engine import accuracy
     from mobilenet.model import model_from_checkpoint
 
-    device = resolve_device(args.device)
+    device = open_device(choose_device(args.device))
     net = model_from_checkpoint(load_checkpoint(args.checkpoint), args.checkpoint).to(device)
     val = image_folder(args.data, "val", val_transform(args.resolution, args.resize_ratio), False)
     if len(val.classes) != net.num_classes:

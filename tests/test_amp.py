@@ -1,3 +1,4 @@
+import contextlib
 import json
 
 import pytest
@@ -5,10 +6,11 @@ import torch
 
 import train
 from conftest import TINY
-from mobilenet.amp import NativeAutocast, NativeMasterWeights, build_precision
+from mobilenet.amp import NativePrecision, build_precision, choose_backend
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.model import MobileNetV1
 from mobilenet.optim import build_optimizer
+from mobilenet.step import TrainStep
 
 CPU = torch.device("cpu")
 
@@ -18,16 +20,22 @@ def amp_cfg(level, dtype="float16", loss_scale="dynamic"):
 
 
 def o2_setup(impl, dtype="float16", loss_scale="dynamic"):
+    """(model, precision, optimizer) of a TrainStep at O2; impl standard runs the loop."""
     torch.manual_seed(0)
     model = MobileNetV1(0.25, 10)
-    precision = build_precision(amp_cfg("O2", dtype, loss_scale), CPU)
-    optimizer = build_optimizer(model, "sgd", impl, lr=0.1, params=precision.optimizer_params(model))
+    implementation = "fused" if impl == "fused" else "loop"
+    precision = build_precision(amp_cfg("O2", dtype, loss_scale), backend="native", device=CPU,
+                                net=model, skip_on_device=implementation == "fused")
+    optimizer = build_optimizer(precision.params(model), implementation=implementation, lr=0.1)
     return model, precision, optimizer
 
 
 def test_native_selected_without_apex():
-    assert type(build_precision(amp_cfg("O1"), CPU)) is NativeAutocast
-    assert type(build_precision(amp_cfg("O2"), CPU)) is NativeMasterWeights
+    assert choose_backend("O1", "auto") == choose_backend("O2", "auto") == "native"
+    assert choose_backend("O0", "auto") == "none"
+    for level in ("O1", "O2"):
+        precision = build_precision(amp_cfg(level), backend="native", device=CPU, net=MobileNetV1(0.25, 10))
+        assert type(precision) is NativePrecision and (precision.masters is not None) == (level == "O2")
 
 
 def test_o2_half_model_fp32_batchnorm_and_masters():
@@ -42,15 +50,19 @@ def test_o2_half_model_fp32_batchnorm_and_masters():
 
 
 def step(model, precision, optimizer, inject_inf=False):
+    """One TrainStep call; ``inject_inf`` puts an inf into a grad between backward and unscale."""
+    train_step = TrainStep(net=model, model=model, optimizer=optimizer, precision=precision,
+                           criterion=torch.nn.CrossEntropyLoss(), implementation="loop")
+
+    def phase(name):
+        if inject_inf and name == "unscale":
+            model.fc.weight.grad[0, 0] = float("inf")
+        return contextlib.nullcontext()
+    train_step.phase = phase
     data = torch.Generator().manual_seed(2)
     images = torch.randn(8, 3, 32, 32, generator=data).to(precision.input_dtype)
     labels = torch.randint(0, 10, (8,), generator=data)
-    loss = torch.nn.functional.cross_entropy(model(images).float(), labels)
-    precision.backward(loss, optimizer)
-    if inject_inf:
-        model.fc.weight.grad[0, 0] = float("inf")
-    precision.step(model, optimizer)
-    precision.zero_grad(model, optimizer)
+    train_step(images, labels)
 
 
 @pytest.mark.parametrize("impl", ["standard", "fused"])
@@ -58,18 +70,18 @@ def test_injected_inf_skips_exactly_one_step_and_halves_the_scale(impl):
     model, precision, optimizer = o2_setup(impl)
     step(model, precision, optimizer)  # may overflow at the initial scale 2**16 too
     scale, skipped = precision.scaler.scale.item(), precision.scaler.skipped.item()
-    masters = [m.detach().clone() for m in precision.masters]
+    masters = [m.detach().clone() for m in precision.masters.params]
     weights = {k: v.detach().clone() for k, v in model.named_parameters()}
     step(model, precision, optimizer, inject_inf=True)
-    assert all(torch.equal(a, b) for a, b in zip(masters, precision.masters))
+    assert all(torch.equal(a, b) for a, b in zip(masters, precision.masters.params))
     assert all(torch.equal(v, p) for v, p in zip(weights.values(), model.parameters()))
     assert precision.scaler.scale.item() == scale / 2
     assert precision.scaler.skipped.item() == skipped + 1
     for _ in range(3):  # 2**13 at most: clean steps update the masters again
         step(model, precision, optimizer)
-    assert not torch.equal(masters[0], precision.masters[0])
+    assert not torch.equal(masters[0], precision.masters.params[0])
     # the model holds the half-precision copy of the updated masters
-    torch.testing.assert_close(model.fc.weight, precision.masters[-2].half())
+    torch.testing.assert_close(model.fc.weight, precision.masters.params[-2].half())
 
 
 def test_overflow_at_the_first_step_leaves_fused_momentum_clean():
@@ -81,7 +93,7 @@ def test_overflow_at_the_first_step_leaves_fused_momentum_clean():
         step(model, precision, optimizer, inject_inf=True)
         for _ in range(3):
             step(model, precision, optimizer)
-        runs.append([m.detach().clone() for m in precision.masters])
+        runs.append([m.detach().clone() for m in precision.masters.params])
     for a, b in zip(*runs):
         assert torch.isfinite(b).all()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

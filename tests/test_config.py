@@ -1,7 +1,15 @@
-import pytest
+import os
+import subprocess
+import sys
 
-from conftest import TINY, run_train
-from mobilenet.config import DEFAULTS, UsageError, build_config
+import pytest
+import torch
+import yaml
+
+from conftest import ROOT, TINY, run_train
+from mobilenet.config import DEFAULTS, build_config, resolve, thaw
+from mobilenet.distributed import World
+from mobilenet.errors import UsageError
 
 
 def test_defaults_yaml_and_overrides(tmp_path):
@@ -65,3 +73,70 @@ def test_cli_rejects_class_count_mismatch(tmp_path, digits):
     result = run_train("--data", digits, "--output", tmp_path, *TINY, "model.num_classes=1000",
                        "--config", "configs/demo.yaml")
     assert_one_line_error(result, "10 classes", "model.num_classes=1000")
+
+
+def test_resolve_computes_derived_values_once_into_a_read_only_config():
+    cfg = build_config(ROOT / "configs" / "imagenet.yaml", ["data.batch_size=64", "optim.foreach=true"],
+                       settings={"optim.impl": "standard", "data.path": "synthetic"})
+    resolved = resolve(cfg, name="imagenet", world=World(size=4))
+    derived = resolved["derived"]
+    assert derived["global_batch"] == 256 and derived["lr"] == pytest.approx(0.1)  # 0.1 per 256
+    assert derived["device"] == "cpu" and derived["channels_last"] is True
+    assert derived["optimizer"] == "foreach" and derived["amp_backend"] == "native"
+    assert resolved["output"] == "runs/imagenet-standard" and cfg["output"] is None
+    for change in (lambda: resolved.__setitem__("seed", 1), lambda: resolved["optim"].update(lr=1),
+                   lambda: resolved["derived"].pop("lr")):
+        with pytest.raises(TypeError, match="read-only"):
+            change()
+    assert resolve(cfg, world=World(size=1))["derived"]["lr"] == pytest.approx(0.025)
+
+
+@pytest.mark.parametrize("impl,foreach,expected", [
+    ("standard", "auto", "loop"),      # what torch.optim.SGD(params, lr, ...) runs on cpu
+    ("standard", True, "foreach"), ("standard", False, "loop"), ("fused", "auto", "fused")])
+def test_standard_is_torchs_own_choice_unless_forced(impl, foreach, expected):
+    cfg = build_config(None, settings={"optim.impl": impl, "optim.foreach": foreach})
+    assert resolve(cfg)["derived"]["optimizer"] == expected
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"optim.impl": "fused", "optim.foreach": False}, "leave it at auto with optim.impl=fused"),
+    ({"amp.level": "O2", "train.ema_decay": 0.99}, "train.ema_decay"),
+    ({"amp.level": "O1", "amp.backend": "apex"}, "amp.backend=apex"),
+    ({"device": "cuda"} if not torch.cuda.is_available() else {"device": "npu"}, "--device"),
+])
+def test_resolve_rejects_what_cannot_run_here(settings, message):
+    with pytest.raises(UsageError, match=message):
+        resolve(build_config(None, settings=settings))
+
+
+def test_run_takes_only_a_resolved_config():
+    from mobilenet.engine import run
+    with pytest.raises(TypeError, match="resolve"):
+        run(build_config(ROOT / "configs" / "demo.yaml"))
+
+
+def test_build_config_resolve_and_run_without_train_py(tmp_path, digits):
+    """The library path a fork uses, in a fresh interpreter outside the checkout."""
+    out = tmp_path / "run"
+    code = ("from mobilenet.config import build_config, resolve\n"
+            "from mobilenet.engine import run\n"
+            f"cfg = build_config({str(ROOT / 'configs' / 'demo.yaml')!r}, {TINY!r} + "
+            "['train.max_steps_per_epoch=6', 'train.epochs=1'], "
+            f"settings={{'data.path': {str(digits)!r}, 'output': {str(out)!r}}})\n"
+            "print(run(resolve(cfg))['optimizer_implementation'])\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "optimizer SGD (per-parameter loop, foreach=False)" in result.stdout.splitlines()[0]
+    assert result.stdout.splitlines()[-1] == "loop"
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["derived"]["optimizer"] == "loop" and saved["output"] == str(out)
+
+
+def test_a_runs_config_yaml_is_a_recipe_again(tmp_path):
+    cfg = resolve(build_config(ROOT / "configs" / "imagenet.yaml", ["data.path=synthetic"]), name="x")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(thaw(cfg)))
+    again = resolve(build_config(path), name="y")
+    assert again == cfg and again["derived"]["lr"] == pytest.approx(0.1)

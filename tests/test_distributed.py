@@ -29,7 +29,7 @@ def test_two_processes_of_b_equal_one_process_of_2b(tmp_path, impl):
                    *SPLIT_INVARIANT, "data.batch_size=8")
     assert two.returncode == 0, two.stderr[-3000:]
     assert "batch 8 per process x 2 = 16 global" in two.stdout
-    assert two.stdout.count("Acc@1") == 1  # rank 1 prints nothing
+    assert two.stdout.count("Prec@1") == 1  # rank 1 prints nothing
     assert train.main(["--optimizer", impl, "--output", str(tmp_path / "one"), *SPLIT_INVARIANT,
                        "data.batch_size=16"]) == 0
     a, b = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt")["state_dict"]
@@ -52,7 +52,7 @@ def test_distributed_val_counts_every_image_once(tmp_path, digits):
                       tmp_path / "eval", *TINY, "--evaluate", "--resume",
                       run / "checkpoints" / "last.pt")
     assert result.returncode == 0, result.stderr[-3000:]
-    top1 = float(re.search(r"\* Acc@1 ([\d.]+)", result.stdout).group(1))
+    top1 = float(re.search(r"\* Prec@1 ([\d.]+)", result.stdout).group(1))
     assert top1 == pytest.approx(single, abs=1e-3)
     assert round(single * 359 / 100, 3) == round(single * 359 / 100)  # a whole number of images
 

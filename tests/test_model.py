@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mobilenet.checkpoint import load_checkpoint
-from mobilenet.config import UsageError
+from mobilenet.errors import UsageError
 from mobilenet.model import MobileNetV1, load_weights
 
 

@@ -5,23 +5,32 @@ import torch
 
 import standin_torch_npu
 from mobilenet.model import MobileNetV1
-from mobilenet.optim import (build_optimizer, describe_optimizer, lr_factor_fn, zero_grad)
+from mobilenet.optim import (ALGORITHMS, build_optimizer, choose_implementation, describe_optimizer,
+                             lr_factor_fn, zero_grad_to_none)
 
 FAMILIES = ["sgd", "adam", "adamw", "rmsprop"]
+HYPER = {"momentum": 0.9, "nesterov": False, "betas": (0.9, 0.999), "eps": 1e-8, "alpha": 0.99}
+
+
+def make(model, name, impl, device="cpu", **kwargs):
+    """build_optimizer as the app calls it: the implementation optim.impl resolves to."""
+    implementation = choose_implementation(name=name, impl=impl, device=device)
+    hyper = {key: HYPER[key] for key in ALGORITHMS[name].hyperparameters}
+    return build_optimizer(model, implementation=implementation, name=name, **hyper, **kwargs), implementation
 
 
 def train_steps(impl, name, steps=4, no_decay_bn_bias=False):
     torch.manual_seed(0)
     model = MobileNetV1(width_mult=0.25, num_classes=10)
-    optimizer = build_optimizer(model, name, impl, lr=0.01, momentum=0.9, weight_decay=1e-4,
-                                no_decay_bn_bias=no_decay_bn_bias)
+    optimizer, implementation = make(model, name, impl, lr=0.01, weight_decay=1e-4,
+                                     no_decay_bn_bias=no_decay_bn_bias)
     data = torch.Generator().manual_seed(1)
     for _ in range(steps):
         images = torch.randn(8, 3, 32, 32, generator=data)
         labels = torch.randint(0, 10, (8,), generator=data)
         torch.nn.functional.cross_entropy(model(images), labels).backward()
         optimizer.step()
-        zero_grad(optimizer)
+        optimizer.zero_grad(set_to_none=zero_grad_to_none(implementation))
     return model, optimizer
 
 
@@ -53,7 +62,7 @@ def test_fused_update_rule_matches_standard(name):
     models = [MobileNetV1(0.25, 10) for _ in range(2)]
     for m in models:
         m.load_state_dict(initial.state_dict())
-    optimizers = [build_optimizer(m, name, impl, lr=0.01, momentum=0.9, weight_decay=1e-4)
+    optimizers = [make(m, name, impl, lr=0.01, weight_decay=1e-4)[0]
                   for m, impl in zip(models, ("standard", "fused"))]
     data = torch.Generator().manual_seed(1)
     for _ in range(8):
@@ -64,7 +73,7 @@ def test_fused_update_rule_matches_standard(name):
             q.grad = p.grad.clone()
         for optimizer in optimizers:
             optimizer.step()
-            zero_grad(optimizer)
+            optimizer.zero_grad()
     assert_same_weights(*(dict(m.named_parameters()) for m in (*models, initial)))
 
 
@@ -75,8 +84,8 @@ def test_fused_update_rule_matches_standard(name):
     ("rmsprop", "fused", "RMSprop (multi-tensor foreach: torch has no fused RMSprop kernel)"),
 ])
 def test_implementation_per_impl_on_cpu(name, impl, expected):
-    optimizer = build_optimizer(MobileNetV1(0.25, 10), name, impl, lr=0.1)
-    assert describe_optimizer(optimizer) == expected
+    _, implementation = make(MobileNetV1(0.25, 10), name, impl, lr=0.1)
+    assert describe_optimizer(name, implementation) == expected
 
 
 def test_no_weight_decay_on_bn_and_bias():
@@ -94,13 +103,14 @@ def test_no_weight_decay_on_bn_and_bias():
 def test_npu_fused_selection_with_stand_in(monkeypatch, name, cls):
     monkeypatch.setitem(sys.modules, "torch_npu", standin_torch_npu)
     model = MobileNetV1(0.25, 10)
-    optimizer = build_optimizer(model, name, "fused", lr=0.1, device="npu:0")
-    assert type(optimizer).__name__ == cls
+    optimizer, implementation = make(model, name, "fused", device="npu", lr=0.1)
+    assert type(optimizer).__name__ == cls and implementation == "npu_fused"
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     optimizer.step()
-    zero_grad(optimizer)  # the stand-in raises ValueError on set_to_none=True, as NpuFused does
+    # the stand-in raises ValueError on set_to_none=True, as NpuFused does
+    optimizer.zero_grad(set_to_none=zero_grad_to_none(implementation))
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
-    standard = build_optimizer(model, name, "standard", lr=0.1, device="npu:0")
+    standard, _ = make(model, name, "standard", device="npu", lr=0.1)
     assert type(standard).__module__ == "torch.optim." + type(standard).__name__.lower()
 
 

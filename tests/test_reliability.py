@@ -13,7 +13,7 @@ from PIL import Image
 import train
 from conftest import ROOT, TINY, run_train
 from mobilenet.checkpoint import load_checkpoint
-from mobilenet.config import UsageError
+from mobilenet.errors import UsageError
 from mobilenet.data import ImageFolderRGB, val_transform
 
 SAVER = """

@@ -78,7 +78,7 @@ def test_validate_reads_our_and_modelzoo_checkpoints(tmp_path, digits, capsys):
     for checkpoint in (ours, zoo):
         assert validate.main(["--checkpoint", str(checkpoint), "--data", str(digits),
                               "--resolution", "32", "--workers", "0"]) == 0
-        assert capsys.readouterr().out.strip() == f"* Acc@1 {top1:.3f} Acc@5 " + \
+        assert capsys.readouterr().out.strip() == f"* Prec@1 {top1:.3f} Prec@5 " + \
             f"{json.loads((out / 'summary.json').read_text())['top5']:.3f}"
     assert validate.main(["--checkpoint", str(tmp_path / "none.pt"), "--data", str(digits)]) == 2
 
@@ -100,11 +100,10 @@ def test_ema_is_evaluated_checkpointed_and_resumed(tmp_path, digits):
     assert all("ema_top1" in r for r in val)
 
 
-@pytest.mark.parametrize("name", ["imagenet_1p", "imagenet_8p", "modern", "paper_w1.0",
-                                  "paper_w0.75", "paper_w0.5", "paper_w0.25", "synthetic", "demo"])
+@pytest.mark.parametrize("name", ["imagenet", "modern", "synthetic", "demo"])
 def test_recipes_are_valid(name):
     cfg = build_config(ROOT / "configs" / f"{name}.yaml")
-    if name.startswith(("imagenet", "paper")):  # the ModelZoo recipe
+    if name == "imagenet":  # the ModelZoo recipe
         o, s = cfg["optim"], cfg["schedule"]
         assert (o["lr"], o["lr_scale_batch"], cfg["data"]["batch_size"]) == (0.1, 256, 256)
         assert (s["name"], s["step_epochs"], cfg["train"]["epochs"]) == ("step", 30, 90)

@@ -56,7 +56,7 @@ def test_resume_continues_and_evaluate_reproduces_top1(tmp_path, digits, capsys)
     assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output",
                        str(tmp_path / "eval"), *TINY, "--evaluate",
                        "--resume", str(out / "checkpoints" / "last.pt")]) == 0
-    assert f"* Acc@1 {summary['top1']:.3f}" in capsys.readouterr().out
+    assert f"* Prec@1 {summary['top1']:.3f}" in capsys.readouterr().out
 
 
 def test_standard_and_fused_train_to_the_same_weights(tmp_path, digits):

@@ -1,0 +1,113 @@
+"""TrainStep: the training step and everything it owns, built once from the resolved config."""
+import contextlib
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from mobilenet.amp import build_precision
+from mobilenet.checkpoint import load_checkpoint
+from mobilenet.distributed import wrap_ddp
+from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
+from mobilenet.optim import build_optimizer, hyperparameters, zero_grad_to_none
+
+NO_PHASE = contextlib.nullcontext()
+
+
+def no_phase(name):
+    return NO_PHASE
+
+
+class TrainStep:
+    """``loss = step(images, labels)``: forward, loss, backward, unscale, optimizer step, zero_grad
+    and the EMA update, in one call, for the loop to call and for a device graph to capture.
+
+    Owns the model (``net`` bare, ``model`` as called: DDP-wrapped in distributed runs), the
+    optimizer (``implementation``: loop|foreach|fused|npu_fused, as resolved), the precision (amp
+    level, loss scaling, O2 masters) and the EMA. The step reads nothing back to the host, except
+    the loss scaler's overflow check for optimizers without a device-side skip and the EMA's first
+    update (both documented there). ``phase``: a function name -> context manager that wraps each
+    phase (timing and op counts in mobilenet.bench); a no-op by default.
+    """
+
+    def __init__(self, *, net, model, optimizer, precision, criterion, implementation, ema=None):
+        self.net, self.model, self.optimizer = net, model, optimizer
+        self.precision, self.criterion, self.ema = precision, criterion, ema
+        self.implementation = implementation
+        self.set_to_none = zero_grad_to_none(implementation)
+        self.phase = no_phase
+
+    def __call__(self, images, labels):
+        phase, precision, optimizer = self.phase, self.precision, self.optimizer
+        with phase("forward"), precision.autocast():
+            logits = self.model(images)
+        with phase("loss"), precision.autocast():
+            loss = self.criterion(logits.float(), labels)
+        with phase("backward"):
+            precision.backward(loss, optimizer)
+        with phase("unscale"):
+            precision.unscale(optimizer)
+        with phase("optimizer"):
+            precision.step(optimizer)
+        with phase("zero_grad"):
+            precision.zero_grad(self.net, optimizer, self.set_to_none)
+        if self.ema is not None:
+            with phase("ema"):
+                self.ema.update_parameters(self.net)
+        return loss.detach()
+
+    def train(self, freeze_bn=False):
+        """Training mode; ``freeze_bn``: BatchNorm layers keep using their running statistics."""
+        self.model.train()
+        if freeze_bn:
+            for module in self.net.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+
+    def eval_nets(self):
+        """{label: network} to validate: the model, and its EMA when there is one."""
+        return {"": self.net, **({"EMA": self.ema.module} if self.ema is not None else {})}
+
+    def metrics(self):
+        return self.precision.metrics()
+
+    def state_dict(self):
+        """Weights (fp32: the masters under O2), optimizer, amp and EMA state, ModelZoo's keys."""
+        return {"state_dict": self.precision.weights(self.net),
+                "optimizer": self.optimizer.state_dict(), "amp": self.precision.state_dict(),
+                "ema": self.ema.state_dict() if self.ema is not None else None}
+
+    def load_state_dict(self, state, source="checkpoint"):
+        """Weights from ``state`` (ours or ModelZoo's), and the training state where it has one."""
+        load_weights(self.net, state, source)
+        self.precision.load_weights(unwrap_state_dict(state))
+        if state.get("optimizer") and state.get("scheduler"):
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.precision.load_state_dict(state.get("amp") or {})
+            if self.ema is not None and state.get("ema"):
+                self.ema.load_state_dict(state["ema"])
+
+
+def build_train_step(cfg, device):
+    """The TrainStep for a resolved config, on ``device`` (the process's card)."""
+    derived, model_cfg, optim = cfg["derived"], cfg["model"], cfg["optim"]
+    net = MobileNetV1(width_mult=model_cfg["width_mult"], num_classes=model_cfg["num_classes"])
+    if model_cfg["pretrained"]:
+        load_weights(net, load_checkpoint(model_cfg["pretrained"]), model_cfg["pretrained"])
+    if model_cfg["sync_bn"] and derived["world_size"] > 1:
+        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    layout = torch.channels_last if derived["channels_last"] else torch.contiguous_format
+    net = net.to(device, memory_format=layout)
+    precision = build_precision(cfg["amp"], backend=derived["amp_backend"], device=device, net=net,
+                                skip_on_device=derived["optimizer"] == "fused")
+    optimizer = build_optimizer(precision.params(net), implementation=derived["optimizer"],
+                                name=optim["name"], lr=derived["lr"],
+                                weight_decay=optim["weight_decay"],
+                                no_decay_bn_bias=optim["no_decay_bn_bias"], **hyperparameters(optim))
+    net, optimizer = precision.initialize(net, optimizer)
+    decay = cfg["train"]["ema_decay"]
+    # AveragedModel reads its first-update flag back to the host (torch's code), once per step
+    ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True) if decay > 0 else None
+    return TrainStep(net=net, model=wrap_ddp(net, derived["world_size"], device), optimizer=optimizer,
+                     precision=precision, ema=ema, implementation=derived["optimizer"],
+                     criterion=nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"]))
