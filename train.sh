@@ -3,19 +3,20 @@
 # Several cards on this node:       bash train.sh --nproc 8 --optimizer=fused --data /imagenet
 # Several nodes (run on each node): bash train.sh --nproc 8 --nnodes 2 --node-rank R \
 #                                       --master-addr HOST --master-port 29500 [...]
+# Restart after a failure:          --max-restarts N (torchrun's own; the run resumes from its newest
+#                                   checkpoint; see train.checkpoint_every_minutes)
 # Every other flag (--optimizer, --device, --data, --config, key.sub=value, ...) goes to train.py.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/scripts/env.sh"
 
-nproc=1 nnodes=1 node_rank=0 master_addr=127.0.0.1 master_port=29500
+nproc=1 nnodes=1 node_rank=0 master_addr=127.0.0.1 master_port=29500 max_restarts=0 rdzv_id=mobilenet
 forward=()
 while [ $# -gt 0 ]; do
   flag="$1"
   case "$flag" in
-    --nproc|--nnodes|--node-rank|--master-addr|--master-port)
+    --nproc|--nnodes|--node-rank|--master-addr|--master-port|--max-restarts|--rdzv-id)
       [ $# -ge 2 ] || { echo "error: $flag needs a value" >&2; exit 2; }
       value="$2"; shift ;;
-    --nproc=*|--nnodes=*|--node-rank=*|--master-addr=*|--master-port=*)
+    --nproc=*|--nnodes=*|--node-rank=*|--master-addr=*|--master-port=*|--max-restarts=*|--rdzv-id=*)
       value="${flag#*=}"; flag="${flag%%=*}" ;;
     *) forward+=("$flag"); shift; continue ;;
   esac
@@ -25,21 +26,37 @@ while [ $# -gt 0 ]; do
     --node-rank) node_rank="$value" ;;
     --master-addr) master_addr="$value" ;;
     --master-port) master_port="$value" ;;
+    --max-restarts) max_restarts="$value" ;;
+    --rdzv-id) rdzv_id="$value" ;;
   esac
   shift
 done
-for n in "$nproc" "$nnodes" "$node_rank" "$master_port"; do
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "error: launcher flags need whole numbers, got '$n'" >&2; exit 2; }
-done
 
-if [ "$nproc" -eq 1 ] && [ "$nnodes" -eq 1 ]; then
+fail() { echo "error: $1" >&2; exit 2; }
+whole() { [[ "$2" =~ ^[0-9]+$ ]] || fail "$1 needs a whole number, got '$2'"; }
+whole --nproc "$nproc"; whole --nnodes "$nnodes"; whole --node-rank "$node_rank"
+whole --master-port "$master_port"; whole --max-restarts "$max_restarts"
+[ "$nproc" -ge 1 ] || fail "--nproc must be at least 1 (processes on this node, one per card), got $nproc"
+[ "$nnodes" -ge 1 ] || fail "--nnodes must be at least 1, got $nnodes"
+[ "$node_rank" -lt "$nnodes" ] || fail "--node-rank must be below --nnodes ($nnodes), got $node_rank"
+[ "$master_port" -ge 1 ] && [ "$master_port" -le 65535 ] || fail "--master-port must be in 1..65535, got $master_port"
+[ -n "$master_addr" ] || fail "--master-addr needs a host name or address"
+
+source "$(dirname "${BASH_SOURCE[0]}")/scripts/env.sh"
+
+if [ "$nproc" -eq 1 ] && [ "$nnodes" -eq 1 ] && [ "$max_restarts" -eq 0 ]; then
   exec "$PY" "$ROOT/train.py" "${forward[@]}"
 fi
 if [ "$nnodes" -eq 1 ]; then
   rendezvous=(--standalone)
-else
-  rendezvous=(--nnodes "$nnodes" --node_rank "$node_rank" --master_addr "$master_addr"
-              --master_port "$master_port")
+else  # torchrun's c10d rendezvous; the host at --master-addr serves it (node ranks follow from it)
+  rendezvous=(--nnodes "$nnodes" --node-rank "$node_rank" --rdzv-backend c10d
+              --rdzv-endpoint "$master_addr:$master_port" --rdzv-id "$rdzv_id")
 fi
-exec "$PY" -m torch.distributed.run --nproc_per_node "$nproc" "${rendezvous[@]}" \
-  "$ROOT/train.py" "${forward[@]}"
+if [ "$max_restarts" -gt 0 ]; then
+  # a restarted round must not read the previous round's store keys (pytorch/pytorch#135712):
+  # each round's rank 0 hosts a fresh store instead of sharing torchrun's
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+fi
+exec "$PY" -m torch.distributed.run --nproc-per-node "$nproc" --max-restarts "$max_restarts" \
+  "${rendezvous[@]}" "$ROOT/train.py" "${forward[@]}"

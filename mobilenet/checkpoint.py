@@ -1,27 +1,46 @@
-"""Checkpoints: atomic writes, last/best/keep-K, safe loading (weights_only=True).
+"""Checkpoints: atomic writes of independent files, safe loading, newest-valid resume, and the lock
+that keeps one live run per run directory.
 
 The dict uses the Ascend ModelZoo keys (epoch, arch, state_dict, best_prec1, optimizer), so our
-files and theirs load through the same code; ours add scheduler, amp and config.
+files and theirs load through the same code; ours add step, scheduler, amp, ema, rng and config.
 """
+import fcntl
+import io
 import os
+import socket
+import time
 from pathlib import Path
 
 import torch
 
-from mobilenet.errors import UsageError
+from mobilenet.errors import TrainingFailure, UsageError
 
 
-def save_atomic(obj, path):
-    """Temporary file, fsync, rename: a crash at any moment leaves the old file or the new one."""
+def serialize(obj):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def save_atomic(data, path):
+    """Writes ``data`` (bytes, or an object to torch.save) to ``path`` through a temporary file,
+    fsync and rename: a crash at any moment leaves the old file or the new one. An OS error (a full disk, say) removes the temporary
+    file and is a TrainingFailure naming the file and the cause; the previous file stays."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    data = data if isinstance(data, bytes) else serialize(data)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        kept = f"the previous {path.name} is intact" if path.exists() else "nothing was saved there"
+        raise TrainingFailure(f"{path}: cannot save the checkpoint ({e.strerror or e}); {kept}") from None
 
 
 def fsync_dir(folder):
@@ -30,17 +49,6 @@ def fsync_dir(folder):
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def link_atomic(src, dst):
-    """dst becomes another name of src's contents, atomically (hard link, else a copy)."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    try:
-        os.link(src, tmp)
-    except OSError:
-        save_atomic(torch.load(src, map_location="cpu", weights_only=True), tmp)
-    os.replace(tmp, dst)
-    fsync_dir(dst.parent)
 
 
 def load_checkpoint(path):
@@ -58,7 +66,8 @@ def load_checkpoint(path):
 
 
 class CheckpointSaver:
-    """checkpoints/last.pt every epoch, best.pt on a new best top-1, epoch_NNN.pt for the last K."""
+    """checkpoints/last.pt (every epoch, and within epochs on request), best.pt on a new best top-1,
+    epoch_NNN.pt for the last K epochs: separate files, so one damaged file takes no other along."""
 
     def __init__(self, run_dir, keep=0):
         self.folder = Path(run_dir) / "checkpoints"
@@ -72,23 +81,89 @@ class CheckpointSaver:
         save_atomic(state, self.last)
 
     def save(self, state, epoch, is_best):
-        save_atomic(state, self.last)
+        data = serialize(state)  # once, written to each file
+        save_atomic(data, self.last)
         if is_best:
-            link_atomic(self.last, self.folder / "best.pt")
+            save_atomic(data, self.folder / "best.pt")
         if self.keep > 0:
-            link_atomic(self.last, self.folder / f"epoch_{epoch:03d}.pt")
+            save_atomic(data, self.folder / f"epoch_{epoch:03d}.pt")
             for old in sorted(self.folder.glob("epoch_*.pt"))[:-self.keep]:
                 old.unlink()
 
 
-def load_latest(run_dir):
-    """(path, checkpoint) of the newest loadable checkpoint in ``run_dir``/checkpoints, or None."""
-    def newest_first(path):  # best.pt can be a hard link of last.pt: same mtime, prefer last
-        return os.path.getmtime(path), path.name == "last.pt"
-    candidates = sorted(Path(run_dir).glob("checkpoints/*.pt"), key=newest_first, reverse=True)
+class Every:
+    """``due()`` is true once every ``minutes`` (never for 0): the periodic checkpoint's clock."""
+
+    def __init__(self, minutes):
+        self.seconds = minutes * 60
+        self.next = time.monotonic() + self.seconds
+
+    def due(self):
+        if not self.seconds or time.monotonic() < self.next:
+            return False
+        self.next = time.monotonic() + self.seconds
+        return True
+
+
+def load_latest(run_dir, say):
+    """(path, checkpoint) of the newest valid checkpoint in ``run_dir``/checkpoints, saying through
+    ``say`` which newer ones it skipped and why; None when there are none; a UsageError when there
+    are some but none is valid (starting fresh would train over them)."""
+    def newest_first(path):  # last.pt wins a tie: best.pt and epoch files are written after it
+        return path.stat().st_mtime, path.name == "last.pt"
+    folder = Path(run_dir) / "checkpoints"
+    candidates = sorted(folder.glob("*.pt"), key=newest_first, reverse=True)
+    reasons = []
     for path in candidates:
         try:
-            return path, load_checkpoint(path)
-        except UsageError:
+            found = path, load_checkpoint(path)
+        except UsageError as e:
+            reasons.append(str(e))
+            say(f"--resume auto: skipping {e}")
             continue
+        return found
+    if candidates:
+        raise UsageError(f"--resume auto: no valid checkpoint in {folder} ({'; '.join(reasons)[:300]}); "
+                         f"move them away to start fresh, or pass --resume FILE")
     return None
+
+
+def remove_temporaries(run_dir):
+    """Deletes the temporary files of saves that a crash interrupted; returns their paths."""
+    stale = sorted((Path(run_dir) / "checkpoints").glob(".*.tmp"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+class RunLock:
+    """An exclusive lock (flock) on ``run_dir``/.lock while a run uses the directory: a second live
+    run on it stops with a UsageError. The OS releases the lock when its process ends, however it
+    ends, so the lock of a dead run is simply taken over."""
+
+    def __init__(self, run_dir):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / ".lock"
+        self.file = None
+
+    def __enter__(self):
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a+")
+        except OSError as e:
+            raise UsageError(f"--output {self.run_dir}: cannot write there ({e.strerror})") from None
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise UsageError(f"--output {self.run_dir}: another run is using it ({holder}); wait for "
+                             f"it to end or stop it, or pass another --output") from None
+        self.file.truncate(0)
+        self.file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()  # releases the lock

@@ -75,6 +75,8 @@ DEFAULTS = {
         "log_every": 50,           # steps between progress lines
         "keep_checkpoints": 0,     # also keep the last K epoch checkpoints
         "max_steps_per_epoch": 0,  # >0: cut epochs short (benchmarks, smoke tests)
+        "checkpoint_every_minutes": 0.0,  # >0: also save last.pt within an epoch this often (rank 0),
+                                   # so a crash without a signal loses at most this much work
         "measure_breakdown": False,  # time data waits and optimizer steps (syncs the device)
         "profile": False,          # torch.profiler trace of steps 2-6 in <output>/profile
         "freeze_bn": False,        # BatchNorm uses running statistics while training (fine-tuning
@@ -94,9 +96,37 @@ CHOICES = {
 FLAGS = {"optim.impl": "--optimizer", "data.path": "--data", "device": "--device", "amp.level": "--amp",
          "train.epochs": "--epochs", "output": "--output", "train.profile": "--profile"}
 AUTO_OR_BOOL = {"model.channels_last", "optim.foreach"}
-POSITIVE = {"model.width_mult", "model.num_classes", "model.resolution", "data.batch_size",
-            "data.val_batch_size", "data.synthetic_size", "train.epochs", "train.log_every",
-            "optim.lr"}
+# The interval every number must lie in (each element of a list), as the message shows it.
+RANGES = {
+    "seed": "[0, inf)",
+    "model.width_mult": "(0, inf)", "model.num_classes": "[1, inf)", "model.resolution": "[1, inf)",
+    "data.batch_size": "[1, inf)", "data.val_batch_size": "[1, inf)", "data.workers": "[0, inf)",
+    "data.min_scale": "(0, 1]", "data.val_resize_ratio": "(0, 1]", "data.synthetic_size": "[1, inf)",
+    "optim.lr": "(0, inf)", "optim.lr_scale_batch": "[0, inf)", "optim.momentum": "[0, 1)",
+    "optim.weight_decay": "[0, inf)", "optim.betas": "[0, 1)", "optim.eps": "(0, inf)",
+    "optim.alpha": "[0, 1)",
+    "schedule.step_epochs": "[1, inf)", "schedule.gamma": "(0, 1]", "schedule.warmup_epochs": "[0, inf)",
+    "schedule.warmup_start_factor": "(0, 1]", "schedule.min_lr": "[0, inf)",
+    "train.epochs": "[1, inf)", "train.label_smoothing": "[0, 1)", "train.ema_decay": "[0, 1)",
+    "train.log_every": "[1, inf)", "train.keep_checkpoints": "[0, inf)",
+    "train.max_steps_per_epoch": "[0, inf)", "train.checkpoint_every_minutes": "[0, inf)",
+}
+
+
+def describe_range(interval):
+    """'positive', 'at least 1' or 'in [0, 1)'."""
+    low, high = interval[1:-1].split(", ")
+    if high == "inf":
+        return "positive" if interval[0] == "(" and low == "0" else f"at least {low}"
+    return f"in {interval}"
+
+
+def in_range(value, interval):
+    """Whether ``value`` lies in ``interval``, written as '[0, 1)' (inf for no bound)."""
+    low, high = (float(bound) for bound in interval[1:-1].split(","))
+    above = value > low or (interval[0] == "[" and value == low)
+    below = value < high or (interval[-1] == "]" and value == high)
+    return above and below
 
 
 def load_yaml(path):
@@ -153,8 +183,10 @@ def coerce(dotted, default, value, origin):
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad("an integer")
     elif isinstance(default, list):
-        if not isinstance(value, list) or len(value) != len(default):
-            raise bad(f"a list of {len(default)}")
+        value = [to_number(v) for v in value] if isinstance(value, list) else value
+        if (not isinstance(value, list) or len(value) != len(default)
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value)):
+            raise bad(f"a list of {len(default)} numbers")
     elif dotted in AUTO_OR_BOOL:
         if value not in ("auto", True, False):
             raise bad("auto, true or false")
@@ -167,8 +199,9 @@ def coerce(dotted, default, value, origin):
         raise bad("a string")
     if dotted in CHOICES and value not in CHOICES[dotted]:
         raise bad("one of " + "|".join(sorted(CHOICES[dotted])))
-    if dotted in POSITIVE and value <= 0:
-        raise bad("positive")
+    interval = RANGES.get(dotted)
+    if interval and not all(in_range(v, interval) for v in (value if isinstance(value, list) else [value])):
+        raise bad(describe_range(interval))
     return value
 
 
@@ -273,6 +306,11 @@ def check_combinations(cfg, derived):
     if cfg["train"]["ema_decay"] > 0 and cfg["amp"]["level"] == "O2":
         raise UsageError("train.ema_decay: an average of half-precision weights loses the small "
                          "updates; use amp O0 or O1 with EMA")
+    if cfg["optim"]["nesterov"] and cfg["optim"]["momentum"] == 0:
+        raise UsageError("optim.nesterov=true needs optim.momentum > 0")
+    if cfg["schedule"]["min_lr"] > derived["lr"]:
+        raise UsageError(f"schedule.min_lr={cfg['schedule']['min_lr']:g} is above the learning rate "
+                         f"{derived['lr']:g}; it is the floor the cosine schedule decays to")
     if cfg["optim"]["impl"] == "fused" and cfg["optim"]["foreach"] != "auto":
         raise UsageError("optim.foreach chooses between the loop and foreach of optim.impl=standard; "
                          "leave it at auto with optim.impl=fused")

@@ -1,7 +1,9 @@
 """torch.distributed from the torchrun environment: one process per card, rank-0 I/O."""
+import functools
 import os
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
@@ -13,6 +15,7 @@ class World:
     rank: int = 0
     local_rank: int = 0
     size: int = 1
+    restart: int = 0  # torchrun's restart count (--max-restarts): > 0 after a failure restarted the job
 
     @property
     def is_main(self):
@@ -22,7 +25,8 @@ class World:
 def world_from_env():
     """Rank, local rank and world size that torchrun sets (a plain launch is a world of one)."""
     env = os.environ
-    return World(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
+    return World(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)),
+                 int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
 
 
 def init_process_group(world, device):
@@ -40,6 +44,31 @@ def wrap_ddp(model, world_size, device):
     return DistributedDataParallel(model, device_ids=ids)
 
 
+@functools.cache
+def host_group():
+    """A gloo group for small reductions of cpu tensors (the stop flag), which synchronise the
+    processes but not the devices; the default group where that is gloo already. Every rank must
+    call it first at the same point."""
+    if dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
+
+
+def any_rank(flag):
+    """True on every rank when ``flag`` is true on any (a world of one: ``flag`` itself)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    tensor = torch.tensor([int(flag)])
+    dist.all_reduce(tensor, group=host_group())
+    return bool(tensor.item())
+
+
+def all_reduce_max(tensor):
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
 def all_reduce_sum(tensor):
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -49,3 +78,4 @@ def all_reduce_sum(tensor):
 def destroy():
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    host_group.cache_clear()

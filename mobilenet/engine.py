@@ -1,4 +1,5 @@
 """The run: builds everything from the resolved config, trains the epochs, validates, writes the run."""
+import contextlib
 import itertools
 import json
 import math
@@ -6,6 +7,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import yaml
@@ -14,9 +16,11 @@ from mobilenet import checkpoint as ckpt
 from mobilenet.bench import StepBreakdown, profiler
 from mobilenet.config import thaw
 from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
+from mobilenet.data.datasets import WorkerSignals, unreadable_flags
 from mobilenet.device import describe, device_module, open_device, peak_memory_mb, synchronize
-from mobilenet.distributed import all_reduce_sum, destroy, init_process_group, world_from_env
-from mobilenet.errors import TrainingFailure
+from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, destroy, host_group,
+                                   init_process_group, world_from_env)
+from mobilenet.errors import TrainingFailure, UsageError
 from mobilenet.logging import RunLogger, accuracy_line, progress_line
 from mobilenet.optim import build_scheduler, describe_optimizer
 from mobilenet.step import TrainStep, build_train_step
@@ -34,6 +38,7 @@ class Run:
     val_loader: object
     log: RunLogger
     steps: int                 # per epoch (fixed: the loader shortens when resuming mid-epoch)
+    worker_signals: WorkerSignals
     breakdown: StepBreakdown | None = None
     epoch: int = 0             # epochs completed
     step: int = 0              # batches done in the epoch under way
@@ -42,15 +47,18 @@ class Run:
 
 
 class StopOnSignal:
-    """SIGTERM/SIGINT ask the run to stop after the current step (a second SIGINT interrupts).
+    """SIGTERM/SIGINT, to this process, its group or every process of the job (torchrun, Slurm and
+    container runtimes differ), ask the run to stop after the current step; a second SIGINT
+    interrupts. The loader's workers outlive both meanwhile (WorkerSignals), so the run can finish
+    the step and save. Processes agree after every step (a one-element reduction on the host, no
+    device sync), so all stop after the same step."""
 
-    Distributed ranks agree through an all-reduce at log steps and epoch ends, so all stop at the
-    same step; a single process stops at the next step."""
-
-    def __init__(self, world, device):
-        self.world, self.device, self.received = world, device, None
+    def __init__(self, world):
+        self.world, self.received = world, None
 
     def __enter__(self):
+        if self.world.size > 1:
+            host_group()  # made by every rank at the same point
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
         return self
 
@@ -62,35 +70,52 @@ class StopOnSignal:
         self.received = signal.Signals(signum).name
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    def should_stop(self, can_sync):
-        if self.world.size == 1:
-            return self.received is not None
-        if not can_sync:
-            return False
-        flag = torch.tensor(float(self.received is not None), device=self.device)
-        return all_reduce_sum(flag).item() > 0
+    def should_stop(self):
+        return any_rank(self.received is not None)
 
 
 def run(cfg, *, resume=None, evaluate_only=False):
     """Trains (or only evaluates) as the resolved ``cfg`` says; returns the summary dict.
-    ``resume``: a checkpoint path or 'auto' (the newest valid one in the run directory)."""
+    ``resume``: a checkpoint path or 'auto' (the newest valid one in the run directory). After a
+    torchrun restart (--max-restarts) the run resumes with 'auto', falling back to ``resume``."""
     if "derived" not in cfg:
         raise TypeError("run() takes a resolved config: run(resolve(build_config(...)))")
+    if evaluate_only and not (resume or cfg["model"]["pretrained"]):
+        raise UsageError("--evaluate needs weights: --resume FILE or model.pretrained=FILE")
     world = world_from_env()
+    fallback = None
+    if world.restart and not evaluate_only:
+        resume, fallback = "auto", resume
     device = open_device(cfg["derived"]["device"], world.local_rank)
     init_process_group(world, device)
     try:
-        r = build_run(cfg, world, device)
-        if resume:
-            restore(r, resume)
-        if evaluate_only:
-            results = validate(r)
-            for label, (top1, top5) in results.items():
-                r.log.info(accuracy_line(top1, top5, prefix=f" {label}" if label else ""))
-            return {"top1": results[""][0], "top5": results[""][1]}
-        return fit(r)
+        with run_directory(cfg, world, evaluate_only):
+            r = build_run(cfg, world, device)
+            if world.restart:
+                r.log.info(f"torchrun restart {world.restart}: resuming from the newest checkpoint")
+            if resume:
+                restore(r, resume, fallback)
+            if evaluate_only:
+                return evaluate_only_run(r)
+            if r.epoch >= cfg["train"]["epochs"]:
+                return already_complete(r)
+            start_outputs(r)
+            return fit(r)
     finally:
         destroy()
+
+
+@contextlib.contextmanager
+def run_directory(cfg, world, evaluate_only):
+    """Rank 0 holds the run directory's lock for the whole run and removes the temporary files of
+    saves that a crash interrupted. Evaluation writes nothing and takes no lock."""
+    if evaluate_only or not world.is_main:
+        yield
+        return
+    with ckpt.RunLock(cfg["output"]):
+        for path in ckpt.remove_temporaries(cfg["output"]):
+            print(f"removed {path}, left by an interrupted save", flush=True)
+        yield
 
 
 def build_run(cfg, world, device):
@@ -99,14 +124,13 @@ def build_run(cfg, world, device):
     log = RunLogger(Path(cfg["output"]), enabled=world.is_main)
     train_set, val_set = build_datasets(data, cfg["model"])
     train_step = build_train_step(cfg, device)
+    worker_signals = WorkerSignals()
     train_loader, val_loader = build_loaders(train_set, val_set, data, cfg["seed"], world.rank,
-                                             world.size, device.type != "cpu")
+                                             world.size, device.type != "cpu", worker_signals)
     limit = cfg["train"]["max_steps_per_epoch"]
     steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
     scheduler = build_scheduler(train_step.optimizer, schedule=cfg["schedule"], base_lr=derived["lr"],
                                 steps_per_epoch=steps, epochs=cfg["train"]["epochs"])
-    if world.is_main:
-        (Path(cfg["output"]) / "config.yaml").write_text(yaml.safe_dump(thaw(cfg), sort_keys=False))
     optim = cfg["optim"]
     log.info(f"device {describe(device)}, {world.size} process(es); optimizer "
              f"{describe_optimizer(optim['name'], derived['optimizer'])}; amp {cfg['amp']['level']} "
@@ -120,55 +144,89 @@ def build_run(cfg, world, device):
         breakdown = StepBreakdown(device)
         train_step.phase = breakdown.phase
     return Run(cfg, world, device, train_step, scheduler, train_loader, val_loader, log, steps,
-               breakdown)
+               worker_signals, breakdown)
+
+
+def start_outputs(r):
+    """Once the run is known to start or resume: config.yaml, metrics.jsonl, TensorBoard."""
+    if r.world.is_main:
+        (Path(r.cfg["output"]) / "config.yaml").write_text(yaml.safe_dump(thaw(r.cfg), sort_keys=False))
+    r.log.start()
+
+
+def evaluate_only_run(r):
+    results = validate(r)
+    for label, result in results.items():
+        r.log.info(accuracy_line(result.top1, result.top5, result.note(), prefix=f" {label}" if label else ""))
+    return {"top1": results[""].top1, "top5": results[""].top5, "val_images_scored": results[""].scored}
+
+
+def already_complete(r):
+    """--resume of a finished run: says so and leaves its files as they are."""
+    summary_path = Path(r.cfg["output"]) / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    r.log.info(f"{r.cfg['output']} is complete: {r.epoch} of {r.cfg['train']['epochs']} epochs trained "
+               f"(best top-1 {r.best_top1:.3f}); nothing to do. To train longer, raise --epochs.")
+    return summary
 
 
 def fit(r):
     """Epochs of training and validation; checkpoints and the summary at the end."""
-    cfg, log = r.cfg, r.log
+    cfg = r.cfg
     saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"])
     totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0}
-    results = {"": (0.0, 0.0)}
+    results = {"": Accuracy(0.0, 0.0, 0, 0)}
     trace = profiler(r.device, Path(cfg["output"]) / "profile", cfg["train"]["profile"] and r.world.is_main)
     run_start = time.perf_counter()
-    with StopOnSignal(r.world, r.device) as stop, trace as prof:
+    periodic = ckpt.Every(cfg["train"]["checkpoint_every_minutes"] if r.world.is_main else 0)
+
+    def save_if_due():
+        if periodic.due():
+            saver.save_last(checkpoint_state(r))
+    with StopOnSignal(r.world) as stop, r.worker_signals.protect(), trace as prof:
         while r.epoch < cfg["train"]["epochs"]:
-            epoch = r.epoch
-            meter = train_one_epoch(r, stop, prof, run_start)
+            meter = train_one_epoch(r, stop, prof, run_start, save_if_due)
             for key, value in meter.totals().items():
                 totals[key] += value
             if r.step < r.steps:  # stopped by a signal mid-epoch
                 return stopped(r, saver, stop)
-            val_start = time.perf_counter()
-            results = validate(r)
-            r.val_seconds = time.perf_counter() - val_start
-            r.epoch, r.step = epoch + 1, 0
-            top1, top5 = results[""]
-            is_best = top1 > r.best_top1
-            r.best_top1 = max(r.best_top1, top1)
-            log.info(accuracy_line(top1, top5, f"epoch {epoch}, best {r.best_top1:.3f}"))
-            ema = {}
-            if "EMA" in results:
-                ema = dict(zip(("ema_top1", "ema_top5"), results["EMA"]))
-                log.info(accuracy_line(*results["EMA"], prefix=" EMA"))
-            log.record("val", r.epoch * r.steps, epoch=epoch, top1=top1, top5=top5,
-                       epoch_time_s=meter.seconds, **ema)
-            if r.world.is_main:
-                saver.save(checkpoint_state(r), r.epoch, is_best)
-            if r.epoch < cfg["train"]["epochs"] and stop.should_stop(can_sync=True):
+            results = end_epoch(r, saver, epoch_seconds=meter.seconds)
+            if r.epoch < cfg["train"]["epochs"] and stop.should_stop():
                 return stopped(r, saver, stop)
-    return finish(r, totals, results)
+        return finish(r, totals, results)  # a signal now waits until the summary is written
+
+
+def end_epoch(r, saver, epoch_seconds):
+    """Validation, its log lines and records, and the epoch's checkpoints; returns the results."""
+    val_start = time.perf_counter()
+    results = validate(r)
+    r.val_seconds = time.perf_counter() - val_start
+    epoch, model = r.epoch, results[""]
+    r.epoch, r.step = epoch + 1, 0
+    is_best = model.top1 > r.best_top1
+    r.best_top1 = max(r.best_top1, model.top1)
+    r.log.info(accuracy_line(model.top1, model.top5, f"epoch {epoch}, best {r.best_top1:.3f}; {model.note()}"))
+    ema = {}
+    if "EMA" in results:
+        ema = {"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5}
+        r.log.info(accuracy_line(results["EMA"].top1, results["EMA"].top5, prefix=" EMA"))
+    r.log.record("val", r.epoch * r.steps, epoch=epoch, top1=model.top1, top5=model.top5,
+                 epoch_time_s=epoch_seconds, **ema)
+    if r.world.is_main:
+        saver.save(checkpoint_state(r), r.epoch, is_best)
+    return results
 
 
 def finish(r, totals, results):
     """summary.json and the closing line."""
     cfg, derived = r.cfg, r.cfg["derived"]
-    # on the device: nccl and hccl reduce only device tensors
-    unreadable = int(all_reduce_sum(torch.tensor(unreadable_count(r), device=r.device)).item())
-    (top1, top5), seconds = results[""], totals["seconds"]
+    unreadable = unreadable_files(r)
+    final, seconds = results[""], totals["seconds"]
+    top1 = final.top1
     steps = totals["images"] / derived["global_batch"]
-    summary = {"top1": top1, "top5": top5, "best_top1": r.best_top1, "epochs": r.epoch,
-               **({"ema_top1": results["EMA"][0], "ema_top5": results["EMA"][1]} if "EMA" in results else {}),
+    summary = {"top1": top1, "top5": final.top5, "best_top1": r.best_top1, "epochs": r.epoch,
+               "val_images_scored": final.scored,
+               **({"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5} if "EMA" in results else {}),
                "img_per_s": totals["images"] / seconds if seconds else 0.0,
                "data_wait_share": totals["data_wait_s"] / seconds if seconds else 0.0,
                "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer"],
@@ -179,7 +237,7 @@ def finish(r, totals, results):
     if r.breakdown is not None:
         summary.update(r.breakdown.summary(seconds, totals["data_wait_s"], steps))
     if unreadable:
-        r.log.info(f"warning: {unreadable} reads of unreadable images were skipped (see the warnings)")
+        r.log.info(f"warning: {unreadable} unreadable image files were skipped (see the warnings)")
     if r.world.is_main:
         out = Path(cfg["output"])
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -201,9 +259,11 @@ def stopped(r, saver, stop):
     return None
 
 
-def unreadable_count(r):
-    counter = getattr(r.train_loader.dataset, "unreadable", None)
-    return counter.value if counter is not None else 0
+def unreadable_files(r):
+    """Train and val files found unreadable by any process (each process flags what it read)."""
+    flags = torch.cat([unreadable_flags(r.train_loader.dataset), unreadable_flags(r.val_loader.dataset)])
+    # on the device: nccl and hccl reduce only device tensors
+    return int(all_reduce_max(flags.to(r.device, torch.int32)).sum().item())
 
 
 class EpochMeter:
@@ -276,8 +336,9 @@ class EpochMeter:
                 "seconds": self.seconds, "data_wait_s": self.wait_s}
 
 
-def train_one_epoch(r, stop, prof, run_start):
-    """Trains from batch ``r.step`` to the end of the epoch, or until ``stop`` says so."""
+def train_one_epoch(r, stop, prof, run_start, after_step):
+    """Trains from batch ``r.step`` to the end of the epoch, or until ``stop`` says so.
+    ``after_step``: the periodic checkpoint."""
     cfg = r.cfg["train"]
     r.train_step.train(freeze_bn=cfg["freeze_bn"])
     r.train_loader.sampler.set_epoch(r.epoch, r.step * r.cfg["data"]["batch_size"])
@@ -290,8 +351,9 @@ def train_one_epoch(r, stop, prof, run_start):
         at_log = r.step % cfg["log_every"] == 0 or r.step == r.steps
         if at_log:
             meter.log()
+        after_step()
         prof.step()
-        if stop.should_stop(can_sync=at_log):
+        if stop.should_stop():
             break
     synchronize(r.device)
     return meter
@@ -315,20 +377,33 @@ def validate(r):
             for label, net in r.train_step.eval_nets().items()}
 
 
+class Accuracy(NamedTuple):
+    top1: float
+    top5: float
+    scored: int    # val images counted
+    left_out: int  # unreadable val images (label -1), counted in neither
+
+    def note(self):
+        unreadable = f", {self.left_out} unreadable left out" if self.left_out else ""
+        return f"{self.scored} images{unreadable}"
+
+
 @torch.no_grad()
 def accuracy(net, batches, autocast, device):
-    """Top-1/top-5 (%) over ``batches``; each process counts its exact share, summed over all."""
+    """Top-1/top-5 (%) over ``batches``; each process counts its exact share, summed over all.
+    Samples labelled -1 (unreadable files) are left out of the counts and reported."""
     net.eval()
-    counts = torch.zeros(3, device=device, dtype=torch.float64)  # top1, top5, images
+    counts = torch.zeros(4, device=device, dtype=torch.float64)  # top1, top5, scored, left out
     for images, labels in batches:
         with autocast():
             logits = net(images)
-        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices.eq(labels[:, None])
-        counts += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum(),
-                               torch.tensor(len(labels), device=device)]).double()
+        scored = labels >= 0
+        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices.eq(labels[:, None]) & scored[:, None]
+        counts += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum(), scored.sum(),
+                               (~scored).sum()]).double()
     all_reduce_sum(counts)
-    top1, top5, total = counts.tolist()
-    return 100 * top1 / total, 100 * top5 / total
+    top1, top5, total, left_out = counts.tolist()
+    return Accuracy(100 * top1 / max(total, 1), 100 * top5 / max(total, 1), int(total), int(left_out))
 
 
 def rng_states(device):
@@ -345,14 +420,14 @@ def checkpoint_state(r):
             "scheduler": r.scheduler.state_dict(), "config": thaw(r.cfg)}
 
 
-def restore(r, resume):
-    """Loads a checkpoint of ours ('auto': the newest valid one in the run directory)."""
+def restore(r, resume, fallback=None):
+    """Loads a checkpoint ('auto': the newest valid one in the run directory, else ``fallback``)."""
     if resume == "auto":
-        found = ckpt.load_latest(r.cfg["output"])
-        if found is None:
+        found = ckpt.load_latest(r.cfg["output"], r.log.info)
+        if found is None and not fallback:
             r.log.info(f"--resume auto: no checkpoint in {r.cfg['output']}, starting fresh")
             return
-        resume, state = found
+        resume, state = found or (fallback, ckpt.load_checkpoint(fallback))
     else:
         state = ckpt.load_checkpoint(resume)
     r.train_step.load_state_dict(state, str(resume))

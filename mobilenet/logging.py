@@ -33,19 +33,22 @@ def accuracy_line(top1, top5, note="", prefix=""):
 
 
 class RunLogger:
-    """Writes nothing on ranks other than 0 (``enabled=False``) except errors."""
+    """Console lines from rank 0 (``enabled=False``: none), and, once ``start()`` is called (after
+    the run has checked it can resume), metrics.jsonl and TensorBoard event files in ``run_dir``."""
 
     def __init__(self, run_dir, enabled=True):
-        self.enabled = enabled
+        self.run_dir, self.enabled = Path(run_dir), enabled
         self.tensorboard = self.metrics = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-            try:
-                Path(run_dir).mkdir(parents=True, exist_ok=True)
-                self.metrics = open(Path(run_dir) / "metrics.jsonl", "a")
-            except OSError as e:
-                raise UsageError(f"--output {run_dir}: cannot write there ({e.strerror})") from None
-            self.tensorboard = SummaryWriter(str(run_dir))
+
+    def start(self):
+        if not self.enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+        try:
+            self.metrics = open(self.run_dir / "metrics.jsonl", "a")
+        except OSError as e:
+            raise UsageError(f"--output {self.run_dir}: cannot write there ({e.strerror})") from None
+        self.tensorboard = SummaryWriter(str(self.run_dir))
 
     def info(self, message):
         if self.enabled:
@@ -53,7 +56,7 @@ class RunLogger:
 
     def record(self, kind, step, **values):
         """One metrics.jsonl line and one TensorBoard scalar per value, tagged ``kind/name``."""
-        if not self.enabled:
+        if self.metrics is None:
             return
         for name, value in values.items():
             if name != "epoch":
@@ -62,6 +65,7 @@ class RunLogger:
         self.metrics.flush()
 
     def close(self):
-        if self.enabled:
+        if self.metrics is not None:
             self.tensorboard.close()
             self.metrics.close()
+            self.metrics = None

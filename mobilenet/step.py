@@ -8,6 +8,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from mobilenet.amp import build_precision
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.distributed import wrap_ddp
+from mobilenet.errors import UsageError
 from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
 from mobilenet.optim import build_optimizer, hyperparameters, zero_grad_to_none
 
@@ -30,10 +31,11 @@ class TrainStep:
     phase (timing and op counts in mobilenet.bench); a no-op by default.
     """
 
-    def __init__(self, *, net, model, optimizer, precision, criterion, implementation, ema=None):
+    def __init__(self, *, net, model, optimizer, precision, criterion, implementation, algorithm="sgd",
+                 ema=None):
         self.net, self.model, self.optimizer = net, model, optimizer
         self.precision, self.criterion, self.ema = precision, criterion, ema
-        self.implementation = implementation
+        self.implementation, self.algorithm = implementation, algorithm
         self.set_to_none = zero_grad_to_none(implementation)
         self.phase = no_phase
 
@@ -78,14 +80,29 @@ class TrainStep:
                 "ema": self.ema.state_dict() if self.ema is not None else None}
 
     def load_state_dict(self, state, source="checkpoint"):
-        """Weights from ``state`` (ours or ModelZoo's), and the training state where it has one."""
+        """Weights from ``state`` (ours or ModelZoo's), and the training state where it has one;
+        a training state this step cannot continue is a UsageError that says what differs."""
         load_weights(self.net, state, source)
         self.precision.load_weights(unwrap_state_dict(state))
         if state.get("optimizer") and state.get("scheduler"):
+            self.check_resumable(state, source)
             self.optimizer.load_state_dict(state["optimizer"])
             self.precision.load_state_dict(state.get("amp") or {})
             if self.ema is not None and state.get("ema"):
                 self.ema.load_state_dict(state["ema"])
+
+
+    def check_resumable(self, state, source):
+        weights_only = f"to start from its weights only, pass model.pretrained={source} instead of --resume"
+        saved = ((state.get("config") or {}).get("optim") or {}).get("name")
+        if saved and saved != self.algorithm:
+            raise UsageError(f"{source}: trained with optimizer {saved}, this run uses {self.algorithm} "
+                             f"(optim.name); {weights_only}")
+        groups = [len(group["params"]) for group in state["optimizer"].get("param_groups", [])]
+        own = [len(group["params"]) for group in self.optimizer.param_groups]
+        if groups != own:
+            raise UsageError(f"{source}: its optimizer has parameter groups of {groups} tensors, this "
+                             f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
 
 
 def build_train_step(cfg, device):
@@ -110,4 +127,5 @@ def build_train_step(cfg, device):
     ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True) if decay > 0 else None
     return TrainStep(net=net, model=wrap_ddp(net, derived["world_size"], device), optimizer=optimizer,
                      precision=precision, ema=ema, implementation=derived["optimizer"],
+                     algorithm=optim["name"],
                      criterion=nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"]))

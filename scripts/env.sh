@@ -3,16 +3,19 @@
 # say); otherwise .venv, created on first use with the pinned torch (requirements.txt) and this
 # package with its test extra (pip install -e '.[test]').
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+has_torch() {  # finds the package without importing it (an import takes seconds)
+  "$1" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" 2>/dev/null
+}
 PY=""
 for candidate in python python3; do
-  if command -v "$candidate" >/dev/null && "$candidate" -c "import torch" 2>/dev/null; then
+  if command -v "$candidate" >/dev/null && has_torch "$candidate"; then
     PY="$(command -v "$candidate")"
     break
   fi
 done
 if [ -z "$PY" ]; then
   PY="$ROOT/.venv/bin/python"
-  if ! "$PY" -c "import torch" 2>/dev/null; then
+  if ! has_torch "$PY"; then
     echo "Setting up $ROOT/.venv (first run: a few minutes)..." >&2
     python3 -m venv "$ROOT/.venv"
     "$PY" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -e "$ROOT[test]" >&2

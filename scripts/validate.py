@@ -25,8 +25,8 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     def report():
-        top1, top5 = validate(args)
-        print(accuracy_line(top1, top5))
+        result = validate(args)
+        print(accuracy_line(result.top1, result.top5, result.note() if result.left_out else ""))
     return exit_code(report)
 
 

@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from mobilenet.data import build_digits
 
@@ -24,3 +25,58 @@ def run_train(*args, cwd=ROOT, timeout=600):
 # Settings that keep a digits run to a few seconds.
 TINY = ["model.width_mult=0.25", "model.resolution=32", "train.log_every=5",
         "data.batch_size=32", "data.workers=0"]
+
+
+def train_sh(*args, timeout=300, env=None):
+    """bash train.sh ARGS in a subprocess; returns the CompletedProcess (text output)."""
+    return subprocess.run(["bash", "train.sh", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def process_tree(root):
+    """``root`` and all its descendants, from /proc."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def assert_same_weights(a, b):
+    """The weights in run directories ``a`` and ``b`` (checkpoints/last.pt) are bit-identical."""
+    from mobilenet.checkpoint import load_checkpoint
+    state_a, state_b = (load_checkpoint(run / "checkpoints" / "last.pt")["state_dict"] for run in (a, b))
+    assert state_a.keys() == state_b.keys()
+    for key, value in state_a.items():
+        assert torch.equal(value, state_b[key]), key
+
+
+# Two processes with loader workers, synthetic data, 40 steps of one epoch.
+TWO_RANKS = ["--nproc", "2", *TINY, "--data", "synthetic", "data.synthetic_size=4000",
+             "model.num_classes=10", "data.batch_size=8", "data.workers=2", "train.log_every=3",
+             "train.max_steps_per_epoch=40", "--epochs", "1"]
+
+
+@pytest.fixture(scope="session")
+def straight_two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight2") / "run"
+    result = train_sh(*TWO_RANKS, "--output", out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+def start_two_ranks(out, *extra):
+    """bash train.sh with TWO_RANKS, started in a session of its own (a Popen, text pipes)."""
+    return subprocess.Popen(["bash", "train.sh", *map(str, TWO_RANKS), "--output", str(out), *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+

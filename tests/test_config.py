@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 
@@ -140,3 +141,53 @@ def test_a_runs_config_yaml_is_a_recipe_again(tmp_path):
     path.write_text(yaml.safe_dump(thaw(cfg)))
     again = resolve(build_config(path), name="y")
     assert again == cfg and again["derived"]["lr"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("data.workers=-1", "'data.workers' must be at least 0, got -1"),
+    ("schedule.step_epochs=0", "'schedule.step_epochs' must be at least 1, got 0"),
+    ("optim.momentum=-1", "'optim.momentum' must be in [0, 1)"),
+    ("optim.momentum=1", "'optim.momentum' must be in [0, 1)"),
+    ("optim.betas=[0.9,1.5]", "'optim.betas' must be in [0, 1)"),
+    ("train.ema_decay=1", "'train.ema_decay' must be in [0, 1)"),
+    ("data.min_scale=0", "'data.min_scale' must be in (0, 1]"),
+    ("schedule.gamma=2", "'schedule.gamma' must be in (0, 1]"),
+    ("train.label_smoothing=1", "'train.label_smoothing' must be in [0, 1)"),
+    ("train.checkpoint_every_minutes=-5", "'train.checkpoint_every_minutes' must be at least 0"),
+    ("seed=-1", "'seed' must be at least 0"),
+    ("optim.eps=0", "'optim.eps' must be positive"),
+])
+def test_every_setting_range_is_checked_in_one_line(override, message, capsys):
+    import train
+    assert train.main(["--data", "synthetic", override]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and message in error[0], error
+
+
+def test_every_numeric_setting_has_a_range():
+    from mobilenet.config import RANGES, flatten
+    numeric = {key for key, value in flatten(DEFAULTS)
+               if isinstance(value, (int, float, list)) and not isinstance(value, bool)}
+    assert numeric - set(RANGES) == set()
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"optim.nesterov": True, "optim.momentum": 0.0}, "optim.nesterov=true needs optim.momentum > 0"),
+    ({"schedule.min_lr": 1.0}, "schedule.min_lr=1 is above the learning rate 0.1"),
+])
+def test_settings_that_contradict_each_other(settings, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        resolve(build_config(None, settings=settings))
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--nproc", "0"], "--nproc must be at least 1 (processes on this node, one per card), got 0"),
+    (["--nproc=two"], "--nproc needs a whole number, got 'two'"),
+    (["--nnodes", "2", "--node-rank", "2"], "--node-rank must be below --nnodes (2), got 2"),
+    (["--master-port", "70000"], "--master-port must be in 1..65535, got 70000"),
+    (["--max-restarts", "-1"], "--max-restarts needs a whole number, got '-1'"),
+    (["--nproc"], "--nproc needs a value"),
+])
+def test_launcher_flags_are_checked(flags, message):
+    result = subprocess.run(["bash", "train.sh", *flags], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.strip() == f"error: {message}", result.stderr

@@ -2,19 +2,13 @@
 import json
 import re
 import shutil
-import subprocess
 
 import pytest
 import torch
 
 import train
-from conftest import ROOT, TINY
+from conftest import TINY, train_sh
 from mobilenet.checkpoint import load_checkpoint
-
-
-def train_sh(*args, timeout=300):
-    return subprocess.run(["bash", "train.sh", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 # Synthetic images have no random augmentation and frozen BatchNorm makes each image's gradient
@@ -64,29 +58,3 @@ def test_failing_rank_ends_the_run_with_its_error(tmp_path):
                       "model.num_classes=10", "data.synthetic_size=64", timeout=120)
     assert result.returncode != 0
     assert f"error: --output {blocker / 'run'}: cannot write there" in result.stderr
-
-
-def test_sigterm_stops_all_ranks_together_with_a_resumable_checkpoint(tmp_path):
-    """torchrun forwards SIGTERM to both workers; they agree on one step, rank 0 saves."""
-    import os
-    import signal
-
-    out = tmp_path / "run"
-    proc = subprocess.Popen(["bash", "train.sh", "--nproc", "2", "--output", str(out),
-                             *SPLIT_INVARIANT, "data.synthetic_size=4000", "data.batch_size=8"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    for line in proc.stdout:
-        if re.match(r"Epoch: \[0\]\[ *6/", line):
-            os.killpg(proc.pid, signal.SIGTERM)  # as a scheduler preempting the job does
-            break
-    stdout, stderr = proc.communicate(timeout=120)
-    assert "SIGTERM: stopped at epoch 0 step" in stdout, stderr[-2000:]
-    assert stdout.count("stopped at epoch") == 1 and "got signal: 15" in stderr  # torchrun's own exit
-    state = load_checkpoint(out / "checkpoints" / "last.pt")
-    assert state["epoch"] == 0 and 6 <= state["step"] < 250 and state["step"] % 3 == 0
-    resumed = train_sh("--nproc", "2", "--output", out, *SPLIT_INVARIANT, "data.synthetic_size=4000",
-                       "data.batch_size=8", "train.max_steps_per_epoch=" + str(state["step"] + 3),
-                       "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 1

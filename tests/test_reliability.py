@@ -41,37 +41,6 @@ def test_kill_9_during_save_leaves_a_loadable_checkpoint(tmp_path, delay):
     assert state["state_dict"]["w"].numel() == 8_000_000 and state["epoch"] >= 0
 
 
-DEMO = ["--config", "configs/demo.yaml", *TINY, "data.workers=2", "train.log_every=2",
-        "--epochs", "2", "--optimizer", "fused"]
-
-
-def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, digits):
-    assert train.main([*DEMO, "--data", str(digits), "--output", str(tmp_path / "straight")]) == 0
-
-    out = tmp_path / "interrupted"
-    args = [sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits), "--output", str(out)]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("Epoch: [0][10/"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest = proc.stdout.read()
-    assert proc.wait() == 0
-    assert "SIGTERM: stopped at epoch 0 step" in rest and "--resume auto" in rest
-    state = load_checkpoint(out / "checkpoints" / "last.pt")
-    assert state["epoch"] == 0 and 10 <= state["step"] < 44
-    assert not (out / "summary.json").exists()
-
-    assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--resume", "auto"]) == 0
-    straight = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
-    resumed = load_checkpoint(out / "checkpoints" / "last.pt")
-    for key, value in straight["state_dict"].items():
-        assert torch.equal(value, resumed["state_dict"][key]), key
-    val = [[r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "val"] for run in (tmp_path / "straight", out)]
-    assert [(r["top1"], r["top5"]) for r in val[0]] == [(r["top1"], r["top5"]) for r in val[1]]
-
-
 def test_fused_checkpoint_resumes_with_standard_optimizer(tmp_path, digits):
     out = tmp_path / "run"
     base = ["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *TINY,
@@ -124,7 +93,7 @@ def test_decodes_cmyk_gray_png_and_skips_broken_files(tmp_path, capfd):
     assert torch.equal(images["truncated.JPEG"], images["cmyk.JPEG"])  # wraps around
     warnings = capfd.readouterr().err.splitlines()
     assert len(warnings) == 2 and all(w.startswith("warning: skipping unreadable image") for w in warnings)
-    assert dataset.unreadable.value == 2
+    assert int(dataset.unreadable.sum()) == 2
     with pytest.raises(UsageError, match="garbage.JPEG: unreadable image"):
         ImageFolderRGB(folder.parent, val_transform(24, 1.0), strict=True)[names.index("garbage.JPEG")]
 

@@ -1,5 +1,9 @@
 """Datasets (ImageFolder of files, synthetic images, the digits demo) and their loaders."""
+import contextlib
 import multiprocessing
+import os
+import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -18,29 +22,53 @@ def sample_key(key):
     return key if isinstance(key, tuple) else (key, None)
 
 
+def read_regular_file(path):
+    """The bytes of ``path``; anything but a regular file (a FIFO would block a reader forever) is
+    an OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"not a regular file ({stat.filemode(os.fstat(fd).st_mode)[0]})")
+        return f.read()
+
+
 class ImageFolderRGB(datasets.ImageFolder):
     """ImageFolder whose transform receives each file as an EncodedImage and decodes it to RGB
-    (CMYK and grayscale JPEGs, PNGs named .JPEG), seeds the augmentation of each sample from its
-    key, and substitutes the next image for an unreadable one with one warning naming it
-    (``strict``: a UsageError instead)."""
+    (CMYK and grayscale JPEGs, PNGs named .JPEG), and seeds the augmentation of each sample from
+    its key.
 
-    def __init__(self, root, transform, strict=False):
+    A file that cannot be read or decoded, for whatever reason (truncated or foreign data, a
+    decoder's limit such as PIL's decompression-bomb guard, a FIFO, permissions), gets one warning
+    naming it, once per file however often it is drawn, and is remembered in ``unreadable`` (shared
+    with the loader's workers). Training draws the next readable file in its place (batches stay
+    full); with ``leave_out`` (validation: the image shape) it yields a blank image labelled -1,
+    which accuracy leaves out of its counts. ``strict``: a UsageError at the first such file."""
+
+    def __init__(self, root, transform, strict=False, leave_out=None):
         super().__init__(root, transform)
-        self.strict = strict
-        self.unreadable = multiprocessing.Value("i", 0)  # shared with the loader's workers
+        self.strict, self.leave_out = strict, leave_out
+        self.unreadable = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
+        self.lock = multiprocessing.Lock()
 
     def load(self, index, seed):
-        """(transformed image, label), or None when the file cannot be decoded."""
+        """(transformed image, label), or None when the file cannot be read or decoded."""
+        if self.unreadable[index]:
+            return None
         path, label = self.samples[index]
         try:
-            return self.augment(EncodedImage(Path(path).read_bytes()), seed), label
-        except (OSError, SyntaxError, ValueError) as e:  # what PIL raises for broken files
-            if self.strict:
-                raise UsageError(f"{path}: unreadable image ({e}); data.strict=true stops here") from None
-            print(f"warning: skipping unreadable image {path} ({e})", file=sys.stderr, flush=True)
-            with self.unreadable.get_lock():
-                self.unreadable.value += 1
+            return self.augment(EncodedImage(read_regular_file(path)), seed), label
+        except Exception as e:  # decoders raise many types for bad data; each is this file's problem
+            self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
             return None
+
+    def report_unreadable(self, index, path, reason):
+        if self.strict:
+            raise UsageError(f"{path}: unreadable image ({reason}); data.strict=true stops here")
+        with self.lock:
+            first = not self.unreadable[index]
+            self.unreadable[index] = True
+        if first:
+            print(f"warning: skipping unreadable image {path} ({reason})", file=sys.stderr, flush=True)
 
     def augment(self, image, seed):
         """The transform decodes too; train samples draw their randomness from ``seed``."""
@@ -55,11 +83,19 @@ class ImageFolderRGB(datasets.ImageFolder):
 
     def __getitem__(self, key):
         index, seed = sample_key(key)
+        if self.leave_out is not None:
+            sample = self.load(index, seed)
+            return sample if sample is not None else (torch.zeros(self.leave_out, dtype=torch.uint8), -1)
         for offset in range(len(self)):
             sample = self.load((index + offset) % len(self), seed)
             if sample is not None:
                 return sample
         raise UsageError(f"{self.root}: no readable image")
+
+
+def unreadable_flags(dataset):
+    """One flag per file of ``dataset``: true for the files found unreadable (none: synthetic)."""
+    return getattr(dataset, "unreadable", torch.zeros(0, dtype=torch.bool))
 
 
 class SyntheticImages(Dataset):
@@ -82,12 +118,12 @@ class SyntheticImages(Dataset):
         return self.images[index % self.POOL], index % self.num_classes
 
 
-def image_folder(root, subset, transform, strict):
+def image_folder(root, subset, transform, strict, leave_out=None):
     folder = Path(root) / subset
     if not folder.is_dir():
         raise UsageError(f"--data {root}: no '{subset}' folder (expected {root}/{subset}/<class>/*.JPEG)")
     try:
-        return ImageFolderRGB(folder, transform, strict)
+        return ImageFolderRGB(folder, transform, strict, leave_out)
     except (FileNotFoundError, OSError) as e:
         raise UsageError(f"--data {root}: {subset}: {e}") from None
 
@@ -105,7 +141,8 @@ def build_datasets(data, model):
         path = DIGITS_ROOT if DIGITS_ROOT.is_dir() else build_digits()
     train = image_folder(path, "train", train_transform(resolution, data["min_scale"], data["hflip"]),
                          data["strict"])
-    val = image_folder(path, "val", val_transform(resolution, data["val_resize_ratio"]), data["strict"])
+    val = image_folder(path, "val", val_transform(resolution, data["val_resize_ratio"]), data["strict"],
+                       leave_out=(3, resolution, resolution))
     if train.classes != val.classes:
         raise UsageError(f"--data {path}: train has {len(train.classes)} classes, val has "
                          f"{len(val.classes)}, or their names differ")
@@ -115,10 +152,39 @@ def build_datasets(data, model):
     return train, val
 
 
-def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False):
-    """Train: a seeded, resumable shuffle per epoch, full batches. Val: this process's exact share."""
+class WorkerSignals:
+    """Whether the loader's workers outlive SIGTERM/SIGINT. While the run trains (``protect()``)
+    they do: torchrun, Slurm, `timeout` and Ctrl-C signal the whole process group or every process,
+    and the run, which stops after its step and saves, ends the workers itself. Otherwise they end
+    at once, so that the loader and multiprocessing can shut them down (both use SIGTERM)."""
+
+    def __init__(self):
+        self.protected = multiprocessing.Value("b", 0, lock=False)  # shared with the workers
+
+    def worker_init(self, worker_id):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.handle)
+
+    def handle(self, signum, frame):
+        if not self.protected.value:
+            os._exit(0)  # as torch's own worker handler does when the loader shuts a worker down
+
+    @contextlib.contextmanager
+    def protect(self):
+        self.protected.value = 1
+        try:
+            yield
+        finally:
+            self.protected.value = 0
+
+
+def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False,
+                  worker_signals=None):
+    """Train: a seeded, resumable shuffle per epoch, full batches. Val: this process's exact share.
+    ``worker_signals``: a WorkerSignals whose protection the workers follow."""
     common = {"num_workers": data["workers"], "pin_memory": pin_memory,
-              "persistent_workers": data["workers"] > 0}
+              "persistent_workers": data["workers"] > 0,
+              "worker_init_fn": worker_signals.worker_init if worker_signals else None}
     sampler = ResumableSampler(len(train_set), rank, world, seed)
     train = DataLoader(train_set, batch_size=data["batch_size"], sampler=sampler, drop_last=True,
                        **common)

@@ -28,8 +28,12 @@ class EncodedImage:
             self.turbo = colorspace in ("YCbCr", "Gray")
         except ValueError:  # not a JPEG libjpeg-turbo reads
             self.turbo = False
-            with Image.open(io.BytesIO(data)) as image:
+            with Image.open(io.BytesIO(data)) as image:  # PIL applies its bomb guard here
                 self.width, self.height = image.size
+        limit = Image.MAX_IMAGE_PIXELS
+        if self.turbo and limit and self.width * self.height > 2 * limit:  # PIL's guard, for JPEGs too
+            raise Image.DecompressionBombError(f"{self.width}x{self.height} pixels is over PIL's limit "
+                                               f"of {2 * limit} (Image.MAX_IMAGE_PIXELS)")
 
     def decode(self, reduce=1):
         """Decoded at about 1/reduce of full size (1, 2, 4 or 8; other factors decode slower)."""

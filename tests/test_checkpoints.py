@@ -1,0 +1,168 @@
+"""Checkpoints and the run directory: independent files, newest-valid resume, finished runs, the
+lock, interrupted saves, a full disk, and resumes that cannot continue."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import train
+from conftest import ROOT, TINY
+from mobilenet.checkpoint import load_checkpoint
+
+BASE = ["--config", "configs/demo.yaml", *TINY, "train.max_steps_per_epoch=4"]
+
+
+def run(digits, out, *extra):
+    return train.main([*BASE, "--data", str(digits), "--output", str(out), *extra])
+
+
+def corrupt(path):
+    path.write_bytes(b"\0" * 64 + path.read_bytes()[64:])  # in place, as a failing disk does
+
+
+@pytest.fixture
+def two_epochs(tmp_path, digits):
+    out = tmp_path / "run"
+    assert run(digits, out, "--epochs", "2", "train.keep_checkpoints=2") == 0
+    return out
+
+
+def test_best_and_epoch_files_are_independent_of_last(two_epochs):
+    folder = two_epochs / "checkpoints"
+    names = {p.name for p in folder.iterdir()}
+    assert {"last.pt", "best.pt", "epoch_001.pt", "epoch_002.pt"} <= names
+    inodes = {os.stat(folder / name).st_ino for name in ("last.pt", "best.pt", "epoch_002.pt")}
+    assert len(inodes) == 3
+    corrupt(folder / "last.pt")
+    for name in ("best.pt", "epoch_001.pt", "epoch_002.pt"):
+        assert load_checkpoint(folder / name)["arch"] == "mobilenet_v1"
+
+
+def test_resume_auto_skips_a_corrupt_checkpoint_and_says_why(two_epochs, digits, capsys):
+    corrupt(two_epochs / "checkpoints" / "last.pt")
+    capsys.readouterr()
+    assert run(digits, two_epochs, "--epochs", "3", "train.keep_checkpoints=2", "--resume", "auto") == 0
+    out = capsys.readouterr().out
+    assert "--resume auto: skipping" in out and "last.pt: not a readable checkpoint" in out
+    assert "resumed from" in out and "(epoch 2, step 0)" in out
+    assert load_checkpoint(two_epochs / "checkpoints" / "last.pt")["epoch"] == 3
+
+
+def test_resume_auto_stops_when_no_checkpoint_is_valid(two_epochs, digits, capsys):
+    folder = two_epochs / "checkpoints"
+    for path in folder.glob("*.pt"):
+        corrupt(path)
+    before = {path: path.read_bytes() for path in [*folder.glob("*.pt"), two_epochs / "config.yaml"]}
+    capsys.readouterr()
+    assert run(digits, two_epochs, "--epochs", "3", "--resume", "auto") == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error: --resume auto: no valid checkpoint in")
+    assert all(path.read_bytes() == data for path, data in before.items())
+
+
+def test_resuming_a_finished_run_leaves_its_results(two_epochs, digits, capsys):
+    files = [two_epochs / name for name in ("summary.json", "metrics.jsonl", "config.yaml")]
+    before = [path.read_bytes() for path in files] + [(two_epochs / "checkpoints" / "last.pt").read_bytes()]
+    capsys.readouterr()
+    assert run(digits, two_epochs, "--epochs", "2", "train.keep_checkpoints=2", "--resume", "auto") == 0
+    assert "is complete: 2 of 2 epochs trained" in capsys.readouterr().out
+    after = [path.read_bytes() for path in files] + [(two_epochs / "checkpoints" / "last.pt").read_bytes()]
+    assert after == before
+    assert json.loads(files[0].read_text())["top1"] > 0
+
+
+def test_a_second_live_run_on_the_same_output_is_refused(tmp_path, digits, capfd):
+    out = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, "--data", str(digits),
+                              "--output", str(out), "--epochs", "50"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in first.stdout:
+        if line.startswith("Epoch:"):
+            break
+    capfd.readouterr()
+    assert run(digits, out, "--epochs", "1") == 2
+    error = capfd.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"--output {out}: another run is using it (pid {first.pid} on" in error[0]
+    first.send_signal(signal.SIGTERM)  # the first run is unharmed: it stops and saves as usual
+    stdout, _ = first.communicate(timeout=60)
+    assert first.returncode == 0 and "SIGTERM: stopped" in stdout
+
+
+def test_the_lock_of_a_killed_run_and_its_interrupted_save_are_cleaned_up(tmp_path, digits, capsys):
+    out = tmp_path / "run"
+    killed = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, "--data", str(digits),
+                               "--output", str(out), "--epochs", "50"],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    for line in killed.stdout:
+        if line.startswith(" * Prec@1"):  # epoch 0 validated; its checkpoint follows
+            break
+    killed.kill()
+    killed.wait()
+    stale = out / "checkpoints" / f".last.pt.{killed.pid}.tmp"
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"half a checkpoint")  # what a kill -9 inside a save leaves
+    capsys.readouterr()
+    assert run(digits, out, "--epochs", "2", "--resume", "auto") == 0
+    assert f"removed {stale}, left by an interrupted save" in capsys.readouterr().out
+    assert not stale.exists() and load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 2
+
+
+@pytest.mark.parametrize("change,message", [
+    ("optim.name=adam", "trained with optimizer sgd, this run uses adam"),
+    ("optim.no_decay_bn_bias=true", "parameter groups of [83] tensors, this run's of [28, 55]"),
+])
+def test_resume_that_cannot_continue_says_what_differs(two_epochs, digits, capsys, change, message):
+    config_before = (two_epochs / "config.yaml").read_bytes()
+    capsys.readouterr()
+    assert run(digits, two_epochs, "--epochs", "3", change, "--resume", "auto") == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and message in error[0] and "model.pretrained=" in error[0]
+    assert (two_epochs / "config.yaml").read_bytes() == config_before  # written only once resumable
+    fresh = two_epochs.parent / "from_weights"  # the way the message shows
+    weights = two_epochs / "checkpoints" / "last.pt"
+    assert run(digits, fresh, "--epochs", "1", change, f"model.pretrained={weights}") == 0
+
+
+def test_evaluate_needs_weights(tmp_path, digits, capsys):
+    assert run(digits, tmp_path / "run", "--evaluate") == 2
+    assert capsys.readouterr().err.strip() == ("error: --evaluate needs weights: --resume FILE or "
+                                               "model.pretrained=FILE")
+
+
+FULL_DISK = """
+mount -t tmpfs -o size={size} tmpfs {mount} || exit 99
+{python} {train} {args} --output {mount}/run --epochs 3
+echo "exit $?"
+ls -a {mount}/run/checkpoints
+cp -r {mount}/run/checkpoints {copy}
+"""
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, digits):
+    """A real full file system: a tmpfs (in a user and mount namespace) that holds the first
+    epoch's last.pt and best.pt but not the temporary file of the next save."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is needed to mount a small tmpfs")
+    sizing = tmp_path / "sizing"
+    assert run(digits, sizing, "--epochs", "1") == 0
+    checkpoint = (sizing / "checkpoints" / "last.pt").stat().st_size
+    mount, copy = tmp_path / "disk", tmp_path / "copy"
+    mount.mkdir()
+    args = " ".join([*BASE, "--data", str(digits), "train.log_every=100"])
+    script = FULL_DISK.format(size=int(2.5 * checkpoint) + 65536, mount=mount, python=sys.executable,
+                              train=ROOT / "train.py", args=args, copy=copy)
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if result.returncode == 99:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    assert "exit 2" in result.stdout, result.stdout + result.stderr[-2000:]
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error == [f"error: {mount}/run/checkpoints/last.pt: cannot save the checkpoint (No space "
+                     f"left on device); the previous last.pt is intact"], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not [name for name in result.stdout.split() if name.endswith(".tmp")]  # cleaned up
+    assert load_checkpoint(copy / "last.pt")["epoch"] == 1

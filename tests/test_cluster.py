@@ -1,0 +1,189 @@
+"""What clusters do to a job: a rank killed (torchrun --max-restarts), several nodes meeting through
+torchrun's c10d rendezvous, and Slurm: its launch logic for two nodes, and, where Slurm is
+installed (.ci/run installs it), a real single-node Slurm job cancelled and resubmitted."""
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TWO_RANKS, assert_same_weights, process_tree, start_two_ranks
+from mobilenet.checkpoint import load_checkpoint
+
+ONE_RANK_EACH = [a for a in TWO_RANKS if a not in ("--nproc", "2")]
+# torchrun sets this for two processes on one node but not for one per node; the same thread count
+# gives the same floating-point sums, so two nodes can match one node bit for bit
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_pid(torchrun_pid, rank):
+    """The pid of the worker process of ``rank`` among torchrun's children."""
+    for pid in process_tree(torchrun_pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"LOCAL_RANK=" + str(rank).encode() in environ:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(torchrun_pid):
+                return pid
+    raise AssertionError(f"no rank {rank} under {torchrun_pid}")
+
+
+def test_killed_rank_restarts_from_the_periodic_checkpoint(tmp_path, straight_two_ranks):
+    """kill -9 of one rank mid-epoch: torchrun restarts the job (--max-restarts 1), which resumes
+    from the periodic checkpoint and ends with the weights of an uninterrupted run."""
+    out = tmp_path / "run"
+    proc = start_two_ranks(out, "--max-restarts", "1", "train.checkpoint_every_minutes=0.0001")
+    for line in proc.stdout:
+        if line.startswith("Epoch: [0][9/"):
+            os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+            break
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "torchrun restart 1: resuming from the newest checkpoint" in stdout
+    resumed = [line for line in stdout.splitlines() if line.startswith("resumed from")]
+    assert len(resumed) == 1 and "checkpoints/last.pt (epoch 0, step " in resumed[0]
+    assert int(resumed[0].split("step ")[1].rstrip(")")) >= 8  # the periodic save, not a restart from 0
+    assert_same_weights(straight_two_ranks, out)
+
+
+def test_two_nodes_through_c10d_rendezvous_match_one_node(tmp_path, straight_two_ranks):
+    """Two node agents on this machine (--nnodes 2, node ranks 0 and 1 at 127.0.0.1), one process
+    each, against one node with two processes."""
+    out, port = tmp_path / "run", free_port()
+    nodes = [subprocess.Popen(["bash", "train.sh", *ONE_RANK_EACH, "--nproc", "1", "--nnodes", "2",
+                               "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                               "--master-port", str(port), "--output", str(out)],
+                              cwd=ROOT, env=ONE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+             for rank in (0, 1)]
+    results = [node.communicate(timeout=240) for node in nodes]
+    for node, (stdout, stderr) in zip(nodes, results):
+        assert node.returncode == 0, stderr[-3000:]
+    assert "".join(stdout for stdout, _ in results).count("Prec@1") == 1  # global rank 0 only
+    assert "batch 8 per process x 2 = 16 global" in "".join(stdout for stdout, _ in results)
+    assert_same_weights(straight_two_ranks, out)
+
+
+def slurm_environment(node, nodes, job):
+    """The variables srun sets that scripts/slurm/launch.sh reads (Slurm 22.05 names)."""
+    return {"SLURM_JOB_ID": job, "SLURM_NNODES": str(nodes), "SLURM_NODEID": str(node),
+            "SLURM_JOB_NODELIST": "localhost", "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
+            "SLURM_NTASKS": str(nodes)}
+
+
+def test_slurm_launch_logic_for_two_nodes(tmp_path, straight_two_ranks, request):
+    """scripts/slurm/launch.sh as srun runs it on each of two nodes (the environment Slurm sets;
+    both 'nodes' on this machine), against one node with two processes."""
+    out = tmp_path / "run"
+    env = {**ONE_THREAD, "NPROC_PER_NODE": "1", "MASTER_PORT": str(free_port())}
+    if shutil.which("slurmctld"):  # scontrol expands SLURM_JOB_NODELIST with the cluster's config
+        env.update(SLURM_CONF=request.getfixturevalue("slurm")["SLURM_CONF"])
+    else:  # without Slurm, name the first node as srun users may
+        env["MASTER_ADDR"] = "127.0.0.1"
+    nodes = [subprocess.Popen(["bash", "scripts/slurm/launch.sh", *ONE_RANK_EACH, "--output", str(out)],
+                              cwd=ROOT, env={**env, **slurm_environment(node, 2, "4242")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for node in (0, 1)]
+    for node in nodes:
+        stdout, stderr = node.communicate(timeout=240)
+        assert node.returncode == 0, stderr[-3000:]
+    assert_same_weights(straight_two_ranks, out)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A single-node Slurm cluster of this machine (munge, slurmctld, slurmd) in a temporary folder;
+    yields the environment for sbatch, squeue and scancel."""
+    if not all(map(shutil.which, ("slurmctld", "slurmd", "sbatch", "munged"))):
+        pytest.skip("Slurm is not installed (.ci/run installs slurmctld slurmd slurm-client munge)")
+    root = tmp_path_factory.mktemp("slurm")
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    socket_path = root / "munge.socket"
+    subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={socket_path}",
+                    f"--pid-file={root / 'munged.pid'}", f"--log-file={root / 'munged.log'}",
+                    f"--seed-file={root / 'munged.seed'}"], check=True)
+    host = socket.gethostname()
+    conf = root / "slurm.conf"
+    conf.write_text(f"""ClusterName=test
+SlurmctldHost={host}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/munge
+AuthInfo=socket={socket_path}
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+KillWait=30
+NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    for daemon in ("slurmctld", "slurmd"):
+        subprocess.run([daemon, "-f", str(conf)], env=env, check=True)
+    deadline = time.monotonic() + 60
+    while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
+                                       text=True).stdout:
+        assert time.monotonic() < deadline, (root / "slurmctld.log").read_text()[-2000:]
+        time.sleep(0.5)
+    yield env
+    subprocess.run(["scontrol", "shutdown"], env=env)
+    os.kill(int((root / "munged.pid").read_text()), signal.SIGTERM)
+
+
+def wait_for_job(job, env, timeout=240):
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job} still running"
+        time.sleep(0.5)
+
+
+def test_slurm_job_cancelled_then_resubmitted_ends_as_one_run(tmp_path, slurm, straight_two_ranks):
+    """sbatch scripts/slurm/train.sbatch on a real (single-node) Slurm; scancel sends SIGTERM to
+    every process of the job, as preemption does; the resubmitted job resumes and ends with the
+    weights of an uninterrupted run."""
+    out, log = tmp_path / "run", tmp_path / "slurm.out"
+    args = [a for a in TWO_RANKS if a not in ("--nproc", "2")] + ["--output", str(out)]
+    submit = ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", f"--cpus-per-task={os.cpu_count()}",
+              f"--output={log}", "scripts/slurm/train.sbatch", *args]
+    env = {**slurm, "NPROC_PER_NODE": "2"}
+    job = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.monotonic() + 120
+    while "Epoch: [0][6/" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no output"
+        time.sleep(0.2)
+    subprocess.run(["scancel", job], env=env, check=True)
+    wait_for_job(job, env)
+    first = log.read_text()
+    assert "SIGTERM: stopped at epoch 0 step" in first, first[-3000:]
+    assert not re.search(r'File ".*(mobilenet/|train\.py)"|killed by signal', first), first[-3000:]
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 0
+
+    job = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    wait_for_job(job, env)
+    assert "resumed from" in log.read_text()[len(first):], log.read_text()[-3000:]
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 1
+    assert_same_weights(straight_two_ranks, out)

@@ -1,0 +1,103 @@
+"""Every way one file can fail to load: one warning naming it, once, whatever the epoch or worker;
+train draws another image, validation leaves it out and says so; the summary counts files."""
+import contextlib
+import json
+import os
+import re
+import struct
+import zlib
+
+import pytest
+import torch
+from PIL import Image
+
+import train
+from conftest import TINY
+from mobilenet.data import ImageFolderRGB, val_transform
+
+
+def png_header_only(path, width, height):
+    """A PNG whose header claims ``width`` x ``height`` (no pixel data): PIL's bomb guard stops it."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+
+
+def jpeg_claiming(path, source, width, height):
+    """A copy of JPEG ``source`` whose frame header claims ``width`` x ``height``."""
+    data = bytearray(source.read_bytes())
+    sof = data.index(b"\xff\xc0") + 5  # marker, length (2), precision (1): then height, width
+    data[sof:sof + 4] = struct.pack(">HH", height, width)
+    path.write_bytes(bytes(data))
+
+
+def write_good(folder, count, start=0):
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(start, start + count):
+        Image.new("RGB", (40, 30), (10 * i, 100, 200)).save(folder / f"good{i}.JPEG")
+
+
+def write_bad(folder):
+    """One file of each failure kind; returns their names."""
+    good = folder / "good0.JPEG"
+    (folder / "garbage.JPEG").write_bytes(b"\0" * 100)
+    (folder / "truncated.JPEG").write_bytes(good.read_bytes()[:200])
+    os.mkfifo(folder / "fifo.JPEG")  # a reader that opened it plainly would wait forever
+    png_header_only(folder / "bomb.JPEG", 20_000, 20_000)
+    jpeg_claiming(folder / "bomb_jpeg.JPEG", good, 20_000, 20_000)
+    return ["garbage.JPEG", "truncated.JPEG", "fifo.JPEG", "bomb.JPEG", "bomb_jpeg.JPEG"]
+
+
+@pytest.fixture
+def broken_data(tmp_path):
+    """train: 7 good + 5 broken files (12 = 6 batches of 2); val: 5 good + 2 broken."""
+    root = tmp_path / "data"
+    write_good(root / "train" / "a", 7)
+    bad_train = write_bad(root / "train" / "a")
+    write_good(root / "val" / "a", 5)
+    (root / "val" / "a" / "garbage.JPEG").write_bytes(b"\xff\xd8" + b"\0" * 50)
+    os.mkfifo(root / "val" / "a" / "fifo.JPEG")
+    return root, bad_train, ["garbage.JPEG", "fifo.JPEG"]
+
+
+def test_each_broken_file_warns_once_and_the_summary_counts_files(broken_data, tmp_path, capfd):
+    root, bad_train, bad_val = broken_data
+    out = tmp_path / "run"
+    code = train.main(["--config", "configs/demo.yaml", "--data", str(root), "--output", str(out), *TINY,
+                       "model.num_classes=1", "data.batch_size=2", "data.workers=2", "--epochs", "3"])
+    captured = capfd.readouterr()
+    assert code == 0, captured.err[-2000:]
+    warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+    for subset, names in (("train", bad_train), ("val", bad_val)):
+        for name in names:
+            mine = [w for w in warnings if f"/{subset}/a/{name} " in w]
+            assert len(mine) == 1, (name, warnings)  # once, over 3 epochs and 2 workers
+    assert len(warnings) == len(bad_train) + len(bad_val)
+    assert any("DecompressionBombError" in w and "bomb.JPEG" in w for w in warnings)
+    assert any("not a regular file" in w and "fifo.JPEG" in w for w in warnings)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["unreadable_images"] == 7 and summary["val_images_scored"] == 5
+    assert "5 images, 2 unreadable left out" in captured.out
+    assert "warning: 7 unreadable image files were skipped" in captured.out
+
+
+def test_validation_never_substitutes_an_unreadable_image(broken_data, capfd):
+    root, _, _ = broken_data
+    val = ImageFolderRGB(root / "val", val_transform(24, 1.0), leave_out=(3, 24, 24))
+    labels = [val[i][1] for i in range(len(val))]
+    names = [os.path.basename(path) for path, _ in val.samples]
+    assert [name for name, label in zip(names, labels) if label == -1] == ["fifo.JPEG", "garbage.JPEG"]
+    assert all(val[names.index(n)][0].sum() == 0 for n in ("fifo.JPEG", "garbage.JPEG"))
+    assert len(re.findall("warning: skipping unreadable image", capfd.readouterr().err)) == 2
+
+
+def test_accuracy_leaves_out_what_could_not_be_read():
+    from mobilenet.engine import accuracy
+    logits = torch.tensor([[5.0, 0.0], [0.0, 5.0], [5.0, 0.0]])
+    net = torch.nn.Linear(2, 2)
+    net.weight.data = torch.eye(2)
+    net.bias.data.zero_()
+    labels = torch.tensor([0, 0, -1])  # hit, miss, unreadable
+    result = accuracy(net, [(logits, labels)], contextlib.nullcontext, torch.device("cpu"))
+    assert (result.top1, result.scored, result.left_out) == (50.0, 2, 1)
