@@ -1,6 +1,12 @@
-"""Measurement helpers: dispatched-op counts, the step's time breakdown, profiler traces."""
+"""Measurement helpers: dispatched-op counts (per step phase), the step's time breakdown, benchmark
+rounds that stay true on a shared machine, profiler traces."""
 import contextlib
+import os
+import statistics
 import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -24,6 +30,99 @@ def count_ops(fn):
     with OpCounter() as counter:
         fn()
     return counter.count
+
+
+class PhaseOps:
+    """A TrainStep phase hook that counts the aten ops of each phase (forward, loss, backward,
+    unscale, optimizer, zero_grad, ema) into ``counts``."""
+
+    def __init__(self):
+        self.counts = defaultdict(int)
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        with OpCounter() as counter:
+            yield
+        self.counts[name] += counter.count
+
+
+def cpu_seconds():
+    """(CPU seconds the whole machine has been busy, steal included, as /proc/stat counts them;
+    CPU seconds of this process and its reaped children)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return busy, own.user + own.system + own.children_user + own.children_system
+
+
+class OtherLoad:
+    """The share of the machine's CPU that other processes (and the hypervisor's steal) took
+    while the ``with`` block ran: (busy - own) / (wall x cores), from /proc/stat."""
+
+    def __enter__(self):
+        self.start = (time.perf_counter(), *cpu_seconds())
+        return self
+
+    def __exit__(self, *exc):
+        wall, busy, own = (b - a for a, b in zip(self.start, (time.perf_counter(), *cpu_seconds())))
+        self.share = max(0.0, busy - own) / max(wall * os.cpu_count(), 1e-9)
+
+
+@dataclass
+class Rounds:
+    """Measurements of variants taken in interleaved rounds; rounds in which other processes took
+    more than ``max_other`` of the machine are dropped (all kept if every round was loaded)."""
+    values: list          # per round: {variant: measurement}
+    other: list           # per round: the other processes' share of the machine
+    max_other: float
+
+    @property
+    def kept(self):
+        kept = [i for i, share in enumerate(self.other) if share <= self.max_other]
+        return kept or list(range(len(self.values)))
+
+    def median(self, name):
+        return statistics.median(self.values[i][name] for i in self.kept)
+
+    def spread(self, name):
+        """(min, max) over the kept rounds."""
+        kept = [self.values[i][name] for i in self.kept]
+        return min(kept), max(kept)
+
+    def ratios(self, name, base):
+        """Per kept round: measurement of ``name`` / that of ``base`` (the same round)."""
+        return [self.values[i][name] / self.values[i][base] for i in self.kept]
+
+    def ratio(self, name, base):
+        """(median, min, max) of the per-round ratios."""
+        ratios = self.ratios(name, base)
+        return statistics.median(ratios), min(ratios), max(ratios)
+
+    def describe(self):
+        dropped = len(self.values) - len(self.kept)
+        loads = ", ".join(f"{share:.0%}" for share in self.other)
+        note = (f"{dropped} dropped for other load above {self.max_other:.0%}" if len(self.kept) < len(self.values)
+                else f"none above {self.max_other:.0%}" if max(self.other) <= self.max_other
+                else f"all above {self.max_other:.0%}: none dropped, read with care")
+        return f"{len(self.values)} interleaved rounds; other processes' CPU per round: {loads} ({note})"
+
+    def to_json(self):
+        return {"rounds": self.values, "other_cpu_share": self.other, "max_other": self.max_other,
+                "kept_rounds": self.kept}
+
+
+def interleave(variants, rounds=5, max_other=0.25):
+    """Runs every variant (name -> function returning a measurement) once per round, in the given
+    order on even rounds and reversed on odd ones, so that a slow spell hits all of them; records
+    the other processes' CPU share in each round."""
+    values, other = [], []
+    names = list(variants)
+    for r in range(rounds):
+        with OtherLoad() as load:
+            values.append({name: variants[name]() for name in (names if r % 2 == 0 else names[::-1])})
+        other.append(load.share)
+    return Rounds(values, other, max_other)
 
 
 class StepBreakdown:

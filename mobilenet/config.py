@@ -36,6 +36,8 @@ DEFAULTS = {
         "val_resize_ratio": 0.875, # val: resize to resolution/ratio, centre-crop resolution
         "synthetic_size": 2048,    # images per epoch for data.path=synthetic
         "strict": False,           # an unreadable image stops the run instead of being skipped
+        "cache_mb": 0,             # >0: read and decode files at start, up to this many MiB, and keep
+                                   # them in memory (small datasets such as the demo)
     },
     "optim": {
         "name": "sgd",             # sgd | adam | adamw | rmsprop
@@ -102,6 +104,7 @@ RANGES = {
     "model.width_mult": "(0, inf)", "model.num_classes": "[1, inf)", "model.resolution": "[1, inf)",
     "data.batch_size": "[1, inf)", "data.val_batch_size": "[1, inf)", "data.workers": "[0, inf)",
     "data.min_scale": "(0, 1]", "data.val_resize_ratio": "(0, 1]", "data.synthetic_size": "[1, inf)",
+    "data.cache_mb": "[0, inf)",
     "optim.lr": "(0, inf)", "optim.lr_scale_batch": "[0, inf)", "optim.momentum": "[0, 1)",
     "optim.weight_decay": "[0, inf)", "optim.betas": "[0, 1)", "optim.eps": "(0, inf)",
     "optim.alpha": "[0, 1)",

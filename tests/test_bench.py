@@ -3,15 +3,8 @@ import json
 import os
 import subprocess
 
-import torch
-from PIL import Image
-from torchvision import transforms
-from torchvision.transforms.functional import pil_to_tensor
-from torchvision.transforms.v2.functional import resized_crop
-
 from conftest import ROOT, TINY
 from test_tools import script
-from mobilenet.data import DecodeRandomResizedCrop, EncodedImage, largest_reduction
 import train
 
 
@@ -56,37 +49,6 @@ def test_profile_writes_a_trace(tmp_path, digits):
     assert len(traces) == 1
     events = json.loads(traces[0].read_text())["traceEvents"]
     assert any("ProfilerStep#" in e.get("name", "") for e in events)
-
-
-def write_gradient_jpeg(path, width, height):
-    ramp = torch.linspace(0, 255, width).to(torch.uint8).expand(height, width)
-    pixels = torch.stack([ramp, ramp.flip(1), torch.full((height, width), 90, dtype=torch.uint8)], dim=2)
-    Image.fromarray(pixels.numpy()).save(path, quality=95)
-    return EncodedImage(path.read_bytes())
-
-
-def test_crop_matches_torchvision_random_resized_crop(tmp_path):
-    image = write_gradient_jpeg(tmp_path / "small.JPEG", 500, 375)  # ImageNet's typical size
-    torch.manual_seed(7)
-    ours = DecodeRandomResizedCrop(224)(image)
-    torch.manual_seed(7)  # the same draws give the same crop
-    with Image.open(tmp_path / "small.JPEG") as pil:
-        reference = pil_to_tensor(transforms.RandomResizedCrop(224)(pil.convert("RGB")))
-    assert ours.shape == (3, 224, 224) and ours.dtype == torch.uint8
-    assert (ours.float() - reference.float()).abs().mean() < 1.0
-
-
-def test_crop_decodes_large_jpegs_at_reduced_scale_with_nearly_the_same_result(tmp_path):
-    image = write_gradient_jpeg(tmp_path / "big.JPEG", 2000, 1500)
-    assert image.decode(4).shape == (3, 375, 500)
-    assert largest_reduction(1400, 1900, 224) == 4 and largest_reduction(440, 500, 224) == 1
-    crop = DecodeRandomResizedCrop(224, scale=(0.9, 1.0))
-    torch.manual_seed(3)
-    fast = crop(image)
-    torch.manual_seed(3)
-    top, left, height, width = crop.get_params(image.shape_only(), crop.scale, crop.ratio)
-    full = resized_crop(image.decode(1), top, left, height, width, [224, 224], antialias=True)
-    assert fast.shape == (3, 224, 224) and (fast.float() - full.float()).abs().mean() < 2.0
 
 
 def test_bench_data_runs(tmp_path, capsys):

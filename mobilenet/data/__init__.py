@@ -5,13 +5,13 @@ format happen on the device, so host-to-device copies are 4x smaller.
 """
 from mobilenet.data.datasets import (ImageFolderRGB, SyntheticImages, build_datasets, build_loaders,
                                      image_folder)
-from mobilenet.data.decode import (DecodeRandomResizedCrop, EncodedImage, largest_reduction,
+from mobilenet.data.decode import (EncodedImage, TrainCrop, ValCrop, largest_reduction,
                                    train_transform, val_transform)
 from mobilenet.data.demo import DIGITS_ROOT, build_digits
 from mobilenet.data.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from mobilenet.data.samplers import ResumableSampler, ShardSampler
 
-__all__ = ["DIGITS_ROOT", "IMAGENET_MEAN", "IMAGENET_STD", "DecodeRandomResizedCrop",
-           "DevicePrefetcher", "EncodedImage", "ImageFolderRGB", "ResumableSampler", "ShardSampler",
-           "SyntheticImages", "build_datasets", "build_digits", "build_loaders", "image_folder",
+__all__ = ["DIGITS_ROOT", "IMAGENET_MEAN", "IMAGENET_STD", "DevicePrefetcher", "EncodedImage",
+           "ImageFolderRGB", "ResumableSampler", "ShardSampler", "SyntheticImages", "TrainCrop",
+           "ValCrop", "build_datasets", "build_digits", "build_loaders", "image_folder",
            "largest_reduction", "train_transform", "val_transform"]

@@ -1,17 +1,18 @@
 """Decoding and augmentation in the loader's workers: file bytes -> uint8 CHW RGB tensors.
 
 JPEGs decode with libjpeg-turbo (simplejpeg), at 1/2, 1/4 or 1/8 scale whenever the crop keeps its
-output resolution; crops resize with torch's antialiased bilinear on uint8.
+output resolution; crops resize with torch's antialiased bilinear on uint8. A transform is called
+as ``transform(image, seed)``: training draws its randomness from the seed alone.
 """
 import io
 import math
+import random
 
 import numpy
 import simplejpeg
 import torch
+import torch.nn.functional as F
 from PIL import Image
-from torchvision import transforms
-from torchvision.transforms import v2
 
 
 class EncodedImage:
@@ -23,6 +24,7 @@ class EncodedImage:
 
     def __init__(self, data):
         self.data = data
+        self.full = None  # the full-scale pixels, once keep_full_scale() has been called
         try:
             self.height, self.width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
             self.turbo = colorspace in ("YCbCr", "Gray")
@@ -35,8 +37,21 @@ class EncodedImage:
             raise Image.DecompressionBombError(f"{self.width}x{self.height} pixels is over PIL's limit "
                                                f"of {2 * limit} (Image.MAX_IMAGE_PIXELS)")
 
+    def keep_full_scale(self):
+        """From now on the full-scale decode is kept (the same pixels as decoding again); returns
+        the bytes this will hold."""
+        self.full = False
+        return len(self.data) + 3 * self.height * self.width
+
     def decode(self, reduce=1):
         """Decoded at about 1/reduce of full size (1, 2, 4 or 8; other factors decode slower)."""
+        if reduce == 1 and self.full is not None:
+            if self.full is False:
+                self.full = self._decode(1)
+            return self.full
+        return self._decode(reduce)
+
+    def _decode(self, reduce):
         height, width = math.ceil(self.height / reduce), math.ceil(self.width / reduce)
         if self.turbo:
             pixels = simplejpeg.decode_jpeg(self.data, "RGB", min_height=height, min_width=width)
@@ -45,10 +60,6 @@ class EncodedImage:
                 image.draft("RGB", (width, height))
                 pixels = numpy.array(image.convert("RGB"))
         return torch.from_numpy(pixels).permute(2, 0, 1)
-
-    def shape_only(self):
-        """What torchvision's get_params reads (the shape), without decoding."""
-        return torch.empty(()).expand(3, self.height, self.width)
 
 
 def largest_reduction(height, width, keep):
@@ -59,38 +70,77 @@ def largest_reduction(height, width, keep):
     return reduce
 
 
-class DecodeRandomResizedCrop(transforms.RandomResizedCrop):
-    """RandomResizedCrop of an EncodedImage: the crop is drawn from the header's size (same
-    distribution as torchvision's), the file is decoded at the smallest scale that keeps the crop's
-    full output resolution, and crop + resize is torch's antialiased bilinear on uint8."""
+def resize(pixels, height, width):
+    """uint8 CHW -> height x width, antialiased bilinear (torch's uint8 kernel, as torchvision's
+    v2 resize uses it, without its per-call dispatch)."""
+    return F.interpolate(pixels[None], size=(height, width), mode="bilinear", antialias=True,
+                         align_corners=False)[0]
 
-    def forward(self, image):
-        top, left, height, width = self.get_params(image.shape_only(), self.scale, self.ratio)
-        pixels = image.decode(largest_reduction(height, width, max(self.size)))
+
+class TrainCrop:
+    """RandomResizedCrop (+ horizontal flip) of an EncodedImage, from a per-sample seed.
+
+    The crop is drawn from the header's size, the file decoded at the smallest scale that keeps the
+    crop's full output resolution, and the crop resized with antialiased bilinear on uint8. The
+    draws follow torchvision's RandomResizedCrop.get_params exactly, with a random.Random of the
+    sample's seed in place of torch's global generator: torchvision's ~15 one-element tensor ops
+    cost ~150 us an image and need the global state saved and restored around each sample."""
+
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=True):
+        self.size, self.scale, self.ratio, self.hflip = size, scale, ratio, hflip
+        self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+
+    def params(self, height, width, rng):
+        """(top, left, crop height, crop width), as torchvision's get_params draws them."""
+        area = height * width
+        for _ in range(10):
+            target_area = area * rng.uniform(*self.scale)
+            aspect = math.exp(rng.uniform(*self.log_ratio))
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+        in_ratio = width / height  # fallback: the central crop of the nearest allowed ratio
+        if in_ratio < min(self.ratio):
+            w, h = width, int(round(width / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            h, w = height, int(round(height * max(self.ratio)))
+        else:
+            h, w = height, width
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def __call__(self, image, seed):
+        rng = random.Random(seed)
+        top, left, height, width = self.params(image.height, image.width, rng)
+        pixels = image.decode(largest_reduction(height, width, self.size))
         sy, sx = pixels.shape[1] / image.height, pixels.shape[2] / image.width
-        return v2.functional.resized_crop(pixels, round(top * sy), round(left * sx), round(height * sy),
-                                          round(width * sx), list(self.size), antialias=True)
+        top, left = round(top * sy), round(left * sx)
+        crop = pixels[:, top:top + round(height * sy), left:left + round(width * sx)]
+        out = resize(crop, self.size, self.size)
+        return out.flip(-1) if self.hflip and rng.random() < 0.5 else out
 
 
-class DecodeForResize(torch.nn.Module):
-    """Decodes an EncodedImage at the smallest scale whose shorter side still covers ``side``."""
+class ValCrop:
+    """The standard protocol: resize the shorter side to resolution / resize_ratio (decoding at the
+    smallest scale that still covers it), centre crop, as torchvision's Resize + CenterCrop do."""
 
-    def __init__(self, side):
-        super().__init__()
-        self.side = side
+    def __init__(self, size, resize_ratio):
+        self.size, self.side = size, round(size / resize_ratio)
 
-    def forward(self, image):
-        return image.decode(largest_reduction(image.height, image.width, self.side))
+    def __call__(self, image, seed=None):
+        pixels = image.decode(largest_reduction(image.height, image.width, self.side))
+        h, w = pixels.shape[1:]
+        short, long = (h, w) if h <= w else (w, h)
+        long = int(self.side * long / short)
+        pixels = resize(pixels, *((self.side, long) if h <= w else (long, self.side)))
+        top = int(round((pixels.shape[1] - self.size) / 2.0))
+        left = int(round((pixels.shape[2] - self.size) / 2.0))
+        return pixels[:, top:top + self.size, left:left + self.size]
 
 
 def train_transform(resolution, min_scale, hflip):
-    steps = [DecodeRandomResizedCrop(resolution, scale=(min_scale, 1.0))]
-    if hflip:
-        steps.append(v2.RandomHorizontalFlip())
-    return v2.Compose(steps)
+    return TrainCrop(resolution, scale=(min_scale, 1.0), hflip=hflip)
 
 
 def val_transform(resolution, resize_ratio):
-    """The standard protocol: resize the shorter side to resolution / resize_ratio, centre crop."""
-    side = round(resolution / resize_ratio)
-    return v2.Compose([DecodeForResize(side), v2.Resize(side, antialias=True), v2.CenterCrop(resolution)])
+    return ValCrop(resolution, resize_ratio)

@@ -1,0 +1,110 @@
+"""End-to-end training against the same training step fed from memory: how much the input
+pipeline costs (data.workers, decoding, augmentation, copies, the loop's own work).
+
+python scripts/bench_pipeline.py [--config configs/demo.yaml] [--workers 0 1] [--rounds 5]
+                                 [--steps 40] [--json FILE] [key.sub=value ...]
+"end to end" is engine.run (train.py's loop) for --steps steps, its img/s from its progress
+intervals after the first; "from memory" is the same TrainStep (same model, optimizer, amp) over
+batches prepared beforehand, plus the LR schedule's step, timed over the same steps. The variants
+take turns in one process for --rounds rounds (reversed every other round); the ratios are
+medians of the rounds' ratios, and rounds in which other processes took more than a quarter of
+the machine are dropped.
+"""
+import argparse
+import contextlib
+import io
+import json
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(args, overrides, workers=None):
+    from mobilenet.config import build_config, resolve
+    extra = [f"data.workers={workers}"] if workers is not None else []
+    return build_config(args.config, [*overrides, f"train.max_steps_per_epoch={args.steps}",
+                                      "train.epochs=1", f"train.log_every={args.log_every}", *extra])
+
+
+def end_to_end(args, overrides, workers):
+    """img/s of engine.run, from its progress intervals after the first."""
+    from mobilenet.config import resolve
+    from mobilenet.engine import run
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+        cfg = build(args, overrides, workers)
+        cfg["output"] = out
+        run(resolve(cfg))
+        records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["img_per_s"] for r in records if r["kind"] == "train"][1:]
+    return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
+
+
+def from_memory(args, overrides):
+    """(a function returning img/s, the batch count): the TrainStep and schedule over batches
+    that the loader made beforehand."""
+    import torch
+
+    from mobilenet.config import resolve
+    from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
+    from mobilenet.device import open_device, synchronize
+    from mobilenet.optim import build_scheduler
+    from mobilenet.step import build_train_step
+    cfg = resolve(build(args, overrides))
+    device = open_device(cfg["derived"]["device"])
+    train_set, val_set = build_datasets(cfg["data"], cfg["model"])
+    step = build_train_step(cfg, device)
+    loader, _ = build_loaders(train_set, val_set, {**cfg["data"], "workers": 0}, cfg["seed"])
+    loader.sampler.set_epoch(0)
+    batches = [b for _, b in zip(range(args.steps), DevicePrefetcher(
+        loader, device, cfg["derived"]["channels_last"], step.precision.input_dtype))]
+    scheduler = build_scheduler(step.optimizer, schedule=cfg["schedule"], base_lr=cfg["derived"]["lr"],
+                                steps_per_epoch=len(batches), epochs=1)
+    step.train()
+
+    def measure():
+        for images, labels in batches[:args.log_every]:  # as end to end, the first interval is left out
+            step(images, labels)
+        synchronize(device)
+        start = time.perf_counter()
+        for images, labels in batches[args.log_every:]:
+            step(images, labels)
+            scheduler.step()
+        synchronize(device)
+        return (len(batches) - args.log_every) * cfg["derived"]["global_batch"] / (time.perf_counter() - start)
+    return measure
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
+    p.add_argument("--workers", type=int, nargs="*", help="data.workers values (default: the recipe's)")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--log-every", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json")
+    args, overrides = p.parse_known_args(argv)
+    from mobilenet.bench import interleave
+    variants = {"from memory": from_memory(args, overrides)}
+    for workers in args.workers or [None]:
+        name = "end to end" + (f", data.workers={workers}" if workers is not None else "")
+        variants[name] = lambda workers=workers: end_to_end(args, overrides, workers)
+    rounds = interleave(variants, args.rounds)
+    print(f"{Path(args.config).name} {' '.join(overrides)}: {args.steps} steps; {rounds.describe()}")
+    print("| variant | img/s (median, min-max) | vs from memory (median, min-max) |\n|---|---|---|")
+    report = {"config": args.config, "overrides": overrides, **rounds.to_json(), "img_per_s": {},
+              "ratio": {}}
+    for name in variants:
+        low, high = rounds.spread(name)
+        ratio, rlow, rhigh = rounds.ratio(name, "from memory")
+        report["img_per_s"][name], report["ratio"][name] = rounds.median(name), ratio
+        print(f"| {name} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | "
+              f"{ratio:.2f}x ({rlow:.2f}-{rhigh:.2f}) |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
