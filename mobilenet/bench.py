@@ -57,16 +57,23 @@ def cpu_seconds():
 
 
 class OtherLoad:
-    """The share of the machine's CPU that other processes (and the hypervisor's steal) took
-    while the ``with`` block ran: (busy - own) / (wall x cores), from /proc/stat."""
+    """The share of the machine's CPU that other processes (and the hypervisor's steal) took since
+    it was made (``so_far()``) or while the ``with`` block ran (``share``): (busy - own) /
+    (wall x cores), from /proc/stat."""
+
+    def __init__(self):
+        self.start = (time.perf_counter(), *cpu_seconds())
+
+    def so_far(self):
+        wall, busy, own = (b - a for a, b in zip(self.start, (time.perf_counter(), *cpu_seconds())))
+        return max(0.0, busy - own) / max(wall * os.cpu_count(), 1e-9)
 
     def __enter__(self):
         self.start = (time.perf_counter(), *cpu_seconds())
         return self
 
     def __exit__(self, *exc):
-        wall, busy, own = (b - a for a, b in zip(self.start, (time.perf_counter(), *cpu_seconds())))
-        self.share = max(0.0, busy - own) / max(wall * os.cpu_count(), 1e-9)
+        self.share = self.so_far()
 
 
 @dataclass
@@ -125,30 +132,87 @@ def interleave(variants, rounds=5, max_other=0.25):
     return Rounds(values, other, max_other)
 
 
+def training_img_per_s(config, overrides, steps=12, log_every=4):
+    """img/s of the app's own loop (engine.run, in this process) over a short run of ``config`` with
+    ``overrides``: ``steps`` steps of one epoch, from its progress intervals after the first (the
+    warm-up); writes nothing that stays."""
+    import contextlib
+    import io
+    import json
+    import tempfile
+
+    from mobilenet.config import build_config, resolve
+    from mobilenet.engine import run
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+        cfg = build_config(config, [*overrides, "train.epochs=1", f"train.max_steps_per_epoch={steps}",
+                                    f"train.log_every={log_every}"], settings={"output": out})
+        run(resolve(cfg))
+        records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["img_per_s"] for r in records if r["kind"] == "train"][1:]
+    return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
+
+
+PHASES = ("input", "forward", "loss", "backward", "unscale", "optimizer", "zero_grad", "ema",
+          "scheduler")
+OPTIMIZER_PHASES = ("unscale", "optimizer", "zero_grad")
+
+
+def op_budget(cfg, device, warmup=3):
+    """{phase: aten ops dispatched} of one training step of the resolved ``cfg`` on ``device``,
+    after ``warmup`` steps (lazy optimizer state): the input copy and normalisation, the
+    TrainStep's phases and the LR schedule's step. Each op is a kernel launch on an accelerator."""
+    from mobilenet.data.prefetch import DevicePrefetcher
+    from mobilenet.optim import build_scheduler
+    from mobilenet.step import build_train_step, no_phase
+    step = build_train_step(cfg, device)
+    step.train()
+    scheduler = build_scheduler(step.optimizer, schedule=cfg["schedule"], base_lr=cfg["derived"]["lr"],
+                                steps_per_epoch=100, epochs=1)
+    size, batch = cfg["model"]["resolution"], cfg["data"]["batch_size"]
+    generator = torch.Generator().manual_seed(0)
+    raw = [(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator),
+            torch.randint(0, cfg["model"]["num_classes"], (batch,), generator=generator))]
+
+    def prefetch():
+        return next(iter(DevicePrefetcher(raw, device, cfg["derived"]["channels_last"],
+                                          step.precision.input_dtype)))
+    for _ in range(warmup):
+        step(*prefetch())
+        scheduler.step()
+    with OpCounter() as counter:
+        images, labels = prefetch()
+    counts = dict.fromkeys(PHASES, 0)
+    counts["input"] = counter.count
+    phases = PhaseOps()
+    step.phase = phases.phase
+    step(images, labels)
+    step.phase = no_phase
+    counts.update(phases.counts)
+    counts["scheduler"] = count_ops(scheduler.step)
+    return counts
+
+
 class StepBreakdown:
     """A TrainStep phase hook: seconds in the optimizer's phases (unscale, step, master copy,
     zero_grad), with the device synchronized around them, which costs some speed (for
-    comparisons: train.measure_breakdown, not production runs). The ops of those phases are
+    comparisons: train.measure_breakdown, not production runs). The ops of every phase are
     counted once, on the third step (after lazy state init), which is then not timed."""
-
-    OPTIMIZER_PHASES = ("unscale", "optimizer", "zero_grad")
 
     def __init__(self, device):
         self.device = device
         self.optimizer_s = 0.0
         self.steps = self.timed_steps = 0
-        self.optimizer_ops = None
+        self.ops = PhaseOps()
 
     @contextlib.contextmanager
     def phase(self, name):
         if name == "forward":
             self.steps += 1
-        if name not in self.OPTIMIZER_PHASES:
-            yield
-        elif self.steps == 3:
-            with OpCounter() as counter:
+        if self.steps == 3:
+            with self.ops.phase(name):
                 yield
-            self.optimizer_ops = (self.optimizer_ops or 0) + counter.count
+        elif name not in OPTIMIZER_PHASES:
+            yield
         else:
             self.timed_steps += name == "unscale"
             synchronize(self.device)
@@ -162,10 +226,12 @@ class StepBreakdown:
         if not steps or not train_time:
             return {}
         optimizer_ms = 1000 * self.optimizer_s / max(1, self.timed_steps)
+        counted = self.steps >= 3
         return {"step_ms": 1000 * train_time / steps, "optimizer_ms": optimizer_ms,
                 "optimizer_share": optimizer_ms / 1000 * steps / train_time,
                 "data_wait_share": data_wait_s / train_time,
-                "optimizer_ops_per_step": self.optimizer_ops}
+                "optimizer_ops_per_step": sum(self.ops.counts[p] for p in OPTIMIZER_PHASES) if counted else None,
+                "step_ops_per_step": sum(self.ops.counts.values()) if counted else None}
 
 
 def profiler(device, folder, enabled):

@@ -63,6 +63,18 @@ def peak_memory_mb(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_bf16_features():
+    """The bfloat16 matrix and vector units of this CPU that torch's kernels use (AMX, AVX512-BF16),
+    from the kernel's /proc/cpuinfo flags; [] elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next(line for line in cpuinfo if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return []
+    return [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"))
+            if flag in flags]
+
+
 def describe(device):
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from mobilenet import checkpoint as ckpt
-from mobilenet.bench import StepBreakdown, profiler
+from mobilenet.bench import OtherLoad, StepBreakdown, profiler
 from mobilenet.config import thaw
 from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
 from mobilenet.data.datasets import WorkerSignals, unreadable_flags
@@ -44,6 +44,10 @@ class Run:
     step: int = 0              # batches done in the epoch under way
     best_top1: float = 0.0
     val_seconds: float = 0.0   # the last validation's duration (for the ETA)
+    slow_data_intervals: int = 0  # consecutive log intervals spent mostly waiting for data
+
+
+DATA_WAIT_HINT = (0.3, 3)  # a share of the step and a number of consecutive log intervals
 
 
 class StopOnSignal:
@@ -174,7 +178,7 @@ def fit(r):
     """Epochs of training and validation; checkpoints and the summary at the end."""
     cfg = r.cfg
     saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"])
-    totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0}
+    totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0, "other_load": OtherLoad()}
     results = {"": Accuracy(0.0, 0.0, 0, 0)}
     trace = profiler(r.device, Path(cfg["output"]) / "profile", cfg["train"]["profile"] and r.world.is_main)
     run_start = time.perf_counter()
@@ -186,7 +190,7 @@ def fit(r):
     with StopOnSignal(r.world) as stop, r.worker_signals.protect(), trace as prof:
         while r.epoch < cfg["train"]["epochs"]:
             meter = train_one_epoch(r, stop, prof, run_start, save_if_due)
-            for key, value in meter.totals().items():
+            for key, value in meter.totals().items():  # images, seconds, data_wait_s
                 totals[key] += value
             if r.step < r.steps:  # stopped by a signal mid-epoch
                 return stopped(r, saver, stop)
@@ -229,6 +233,7 @@ def finish(r, totals, results):
                **({"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5} if "EMA" in results else {}),
                "img_per_s": totals["images"] / seconds if seconds else 0.0,
                "data_wait_share": totals["data_wait_s"] / seconds if seconds else 0.0,
+               "other_cpu_share": totals["other_load"].so_far(),  # other processes, as benchmarks report
                "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer"],
                "optimizer_class": describe_optimizer(cfg["optim"]["name"], derived["optimizer"]),
                "device": r.device.type, "amp": cfg["amp"]["level"], "world_size": r.world.size,
@@ -321,6 +326,7 @@ class EpochMeter:
         lr = r.train_step.optimizer.param_groups[0]["lr"]
         extras = {k: float(v) for k, v in r.train_step.metrics().items()}
         img_per_s, data_wait = batch * self.interval_steps / seconds, self.interval_wait_s / seconds
+        hint_data_wait(r, data_wait)
         r.log.info(progress_line(epoch=r.epoch, step=r.step, steps=r.steps, eta_epoch=eta_epoch,
                                  eta_run=eta_run, img_per_s=batch / step_time, data_wait=data_wait,
                                  loss=loss, lr=lr, elapsed=now - self.run_start, extras=extras))
@@ -334,6 +340,17 @@ class EpochMeter:
         self.seconds = time.perf_counter() - self.start
         return {"images": (self.r.step - self.first) * self.r.cfg["derived"]["global_batch"],
                 "seconds": self.seconds, "data_wait_s": self.wait_s}
+
+
+def hint_data_wait(r, data_wait):
+    """One line, once a run, when the loader stays the bottleneck (DATA_WAIT_HINT)."""
+    share, intervals = DATA_WAIT_HINT
+    r.slow_data_intervals = r.slow_data_intervals + 1 if data_wait >= share else 0
+    if r.slow_data_intervals == intervals:
+        workers = r.cfg["data"]["workers"]
+        r.log.info(f"hint: data wait {data_wait:.0%} of the step for {intervals} log intervals: raise "
+                   f"data.workers (now {workers}), keep a small dataset in memory (data.cache_mb) or use "
+                   f"faster storage")
 
 
 def train_one_epoch(r, stop, prof, run_start, after_step):

@@ -1,39 +1,65 @@
-"""Trains the bundled demo under every amp level x optimizer and prints img/s and top-1.
+"""Training img/s under every amp level x optimizer, on the full model and on the demo model, to
+show where bfloat16 pays on this CPU (or float16/bfloat16 on an accelerator).
 
-python scripts/amp_table.py [--dtype bfloat16] [--levels O0 O1 O2] [train.py flags/overrides...]
-Runs one after another in fresh processes (never in parallel: they would share the cores).
+python scripts/amp_table.py [--dtype bfloat16] [--levels O0 O1 O2] [--rounds 3] [--steps 12]
+                            [--models full demo] [--json FILE]
+full: width 1.0 at 224, batch 32, synthetic images; demo: the bundled demo recipe (width 0.25 at
+32, batch 32, the digits). Each variant is a short run of the app's own loop in this process
+(img/s after its first log interval); the variants take turns for --rounds rounds (reversed every
+other round) and the table shows medians with their spread and the ratio to O0 of the same model
+and optimizer. Rounds in which other processes took over a quarter of the machine are dropped.
 """
 import argparse
 import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MODELS = {"full": (ROOT / "configs" / "synthetic.yaml",
+                   ["model.width_mult=1.0", "model.resolution=224", "data.batch_size=32", "data.workers=0"]),
+          "demo": (ROOT / "configs" / "demo.yaml", ["data.path=digits"])}
+OPTIMIZERS = {"standard": ["optim.impl=standard"], "fused": ["optim.impl=fused"]}
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__)
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--levels", nargs="+", default=["O0", "O1", "O2"])
-    p.add_argument("--optimizers", nargs="+", default=["standard", "fused"])
-    args, extra = p.parse_known_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--json")
+    args, overrides = p.parse_known_args(argv)
+    from mobilenet.bench import interleave, training_img_per_s
+    from mobilenet.device import cpu_bf16_features
+    variants = {}
+    for model in args.models:
+        config, settings = MODELS[model]
         for level in args.levels:
-            for impl in args.optimizers:
-                out = Path(tmp) / f"{level}-{impl}"
-                cmd = [sys.executable, str(ROOT / "train.py"), "--optimizer", impl, "--amp", level,
-                       f"amp.dtype={args.dtype}", "--output", str(out), *extra]
-                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-                summary = json.loads((out / "summary.json").read_text())
-                rows.append((level, impl, summary["img_per_s"], summary["top1"]))
-                print(f"{level} {impl:8} {summary['img_per_s']:8.1f} img/s  top-1 {summary['top1']:.2f}",
-                      file=sys.stderr, flush=True)
-    print(f"| amp ({args.dtype}) | optimizer | img/s | val top-1 |\n|---|---|---|---|")
-    for level, impl, speed, top1 in rows:
-        print(f"| {level} | {impl} | {speed:.1f} | {top1:.2f} |")
+            for impl, optim in OPTIMIZERS.items():
+                extra = [*settings, *optim, f"amp.level={level}", f"amp.dtype={args.dtype}",
+                         "amp.backend=native", *overrides]
+                variants[(model, level, impl)] = (lambda config=config, extra=extra:
+                                                  training_img_per_s(config, extra, steps=args.steps))
+    named = {" ".join(key): fn for key, fn in variants.items()}
+    rounds = interleave(named, args.rounds)
+    features = ", ".join(cpu_bf16_features()) or "none"
+    print(f"amp dtype {args.dtype}; CPU bfloat16 features: {features}; {rounds.describe()}")
+    print("| model | amp | optimizer | img/s (median, min-max) | vs O0 (median, min-max) |\n"
+          "|---|---|---|---|---|")
+    rows = []
+    for model, level, impl in variants:
+        name, base = f"{model} {level} {impl}", f"{model} O0 {impl}"
+        low, high = rounds.spread(name)
+        ratio = rounds.ratio(name, base) if base in named else (float("nan"),) * 3
+        rows.append({"model": model, "amp": level, "optimizer": impl, "img_per_s": rounds.median(name),
+                     "spread": [low, high], "vs_O0": ratio[0], "vs_O0_spread": ratio[1:]})
+        print(f"| {model} | {level} | {impl} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | "
+              f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f}) |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"dtype": args.dtype, "cpu_bf16_features": cpu_bf16_features(),
+                                               "rows": rows, **{k: v for k, v in rounds.to_json().items()
+                                                                if k != "rounds"}}, indent=2) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

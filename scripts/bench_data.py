@@ -1,21 +1,25 @@
-"""Decoded + augmented img/s of one data worker: this app's pipeline vs torchvision's default.
+"""Decoded + augmented img/s of one data worker: this app's pipeline vs torchvision's default and
+torchvision's fastest CPU path.
 
-python scripts/bench_data.py [--data DIR] [--images 300] [--resolution 224] [--json FILE]
+python scripts/bench_data.py [--data DIR] [--images 300] [--resolution 224] [--rounds 5] [--json FILE]
 Without --data it writes a folder of real photos (scikit-learn's two sample JPEGs, cropped and
 scaled to ImageNet-like sizes: 3/4 of them 500x375 or 375x500, 1/4 with a long side of 800-2000).
-Both pipelines read the same files in one process (one worker's share of the work):
-  torchvision: ImageFolder + RandomResizedCrop + RandomHorizontalFlip + ToTensor + Normalize
-  this app:    ImageFolderRGB + DecodeRandomResizedCrop (libjpeg-turbo, reduced-scale decoding when
-               the crop allows, torch's uint8 antialiased resize) + flip, a uint8 tensor
-               (normalisation happens later, on the device)
-The pipelines take turns, one pass each per round; the ratio is the median of the rounds' ratios,
-so a slow spell of a shared machine hits both.
+All pipelines read the same files in one process with one thread (one worker's share of the work):
+  torchvision default: ImageFolder (PIL) + RandomResizedCrop + RandomHorizontalFlip + ToTensor +
+                       Normalize
+  torchvision fast:    torchvision.io.decode_jpeg (libjpeg-turbo) + transforms.v2 RandomResizedCrop
+                       (antialiased) + RandomHorizontalFlip on uint8 tensors
+  this app:            ImageFolderRGB + TrainCrop (libjpeg-turbo, reduced-scale decoding when the
+                       crop allows, torch's uint8 antialiased resize, flip), a uint8 tensor
+The last two leave normalisation to the device. The pipelines take turns (reversed every other
+round); ratios are medians of the rounds' ratios; rounds in which other processes took more than
+a quarter of the machine are dropped.
 """
 import argparse
 import json
-import statistics
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 
@@ -46,34 +50,33 @@ def write_photo_folder(root, count, seed=0):
 
 
 def pipelines(root, resolution):
+    """{name: function returning the img/s of one pass over the folder}."""
+    import torchvision
     from torchvision import datasets, transforms
+    from torchvision.transforms import v2
 
     from mobilenet.data import IMAGENET_MEAN, IMAGENET_STD, ImageFolderRGB, train_transform
-    default = datasets.ImageFolder(Path(root) / "train", transforms.Compose([
+    folder = Path(root) / "train"
+    default = datasets.ImageFolder(folder, transforms.Compose([
         transforms.RandomResizedCrop(resolution), transforms.RandomHorizontalFlip(),
         transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]))
-    ours = ImageFolderRGB(Path(root) / "train", train_transform(resolution, 0.08, True))
-    return {"torchvision default": (default, lambda i: i), "this app": (ours, lambda i: (i, i))}
+    fast_transform = v2.Compose([v2.RandomResizedCrop(resolution, antialias=True), v2.RandomHorizontalFlip()])
+    warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)  # torchvision 0.29+ points
+    # to TorchCodec; decode_jpeg is still torchvision's own fastest JPEG path
+    fast = datasets.DatasetFolder(folder, loader=lambda path: torchvision.io.decode_jpeg(
+        torchvision.io.read_file(path), mode=torchvision.io.ImageReadMode.RGB),
+        extensions=(".jpeg", ".jpg"), transform=fast_transform)
+    ours = ImageFolderRGB(folder, train_transform(resolution, 0.08, True))
 
-
-def seconds_per_pass(dataset, key):
-    start = time.perf_counter()
-    for i in range(len(dataset)):
-        dataset[key(i)]
-    return time.perf_counter() - start
-
-
-def measure(pipelines, repeats):
-    """{name: (median img/s, median ratio to the first pipeline)} over interleaved rounds."""
-    seconds = {name: [] for name in pipelines}
-    for _ in range(repeats):
-        for name, (dataset, key) in pipelines.items():
-            seconds[name].append(seconds_per_pass(dataset, key))
-    base = next(iter(seconds.values()))
-    count = len(next(iter(pipelines.values()))[0])
-    return {name: (statistics.median(count / t for t in times),
-                   statistics.median(b / t for b, t in zip(base, times)))
-            for name, times in seconds.items()}
+    def rate(dataset, key):
+        def one_pass():
+            start = time.perf_counter()
+            for i in range(len(dataset)):
+                dataset[key(i)]
+            return len(dataset) / (time.perf_counter() - start)
+        return one_pass
+    return {"torchvision default": rate(default, lambda i: i), "torchvision fast": rate(fast, lambda i: i),
+            "this app": rate(ours, lambda i: (i, i))}
 
 
 def main(argv=None):
@@ -81,26 +84,33 @@ def main(argv=None):
     p.add_argument("--data", help="an ImageFolder root with train/ (default: generated photos)")
     p.add_argument("--images", type=int, default=300)
     p.add_argument("--resolution", type=int, default=224)
-    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--json")
     args = p.parse_args(argv)
     import torch
+
+    from mobilenet.bench import interleave
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one worker's share of the machine
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = args.data or write_photo_folder(tmp, args.images)
-            rows = measure(pipelines(root, args.resolution), args.repeats)
+            rounds = interleave(pipelines(root, args.resolution), args.rounds)
     finally:
         torch.set_num_threads(threads)
-    print(f"| pipeline (1 worker, {args.resolution}px) | img/s | vs torchvision |\n|---|---|---|")
-    for name, (rate, ratio) in rows.items():
-        print(f"| {name} | {rate:.1f} | {ratio:.2f}x |")
+    print(rounds.describe())
+    print(f"| pipeline (1 worker, {args.resolution}px) | img/s (median, min-max) | this app vs it "
+          f"(median, min-max) |\n|---|---|---|")
+    report = {**rounds.to_json(), "img_per_s": {}, "ratio": {}}
+    for name in rounds.values[0]:
+        low, high = rounds.spread(name)
+        ratio = rounds.ratio("this app", name)
+        report["img_per_s"][name], report["ratio"][name] = rounds.median(name), ratio[0]
+        print(f"| {name} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | "
+              f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f}) |")
     if args.json:
-        report = {"img_per_s": {name: rate for name, (rate, _) in rows.items()},
-                  "ratio": rows["this app"][1], "rounds": args.repeats}
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    return rows
+    return report
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 (plus torch_npu's NpuFused on npu).
 
 python scripts/bench_optimizer.py [--device auto] [--width 1.0] [--optimizer sgd] [--json FILE]
-Prints ms/step (median of --repeats runs of --iterations steps) and aten ops dispatched per step.
+Prints ms/step (median over --rounds interleaved rounds of --iterations steps, with the spread and
+the other processes' CPU share per round) and aten ops dispatched per step.
 """
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -27,21 +27,21 @@ def build(model, name, implementation):
                            weight_decay=1e-4, **hyper)
 
 
-def measure(optimizer, device, iterations, repeats):
+def prepare(optimizer, device, iterations):
+    """(aten ops of one step, a function returning ms/step over ``iterations`` steps)."""
     from mobilenet.bench import count_ops
     from mobilenet.device import synchronize
     for _ in range(3):  # lazy state (momentum buffers, fused buffers) and caches
         optimizer.step()
-    ops = count_ops(optimizer.step)
-    times = []
-    for _ in range(repeats):
+
+    def ms_per_step():
         synchronize(device)
         start = time.perf_counter()
         for _ in range(iterations):
             optimizer.step()
         synchronize(device)
-        times.append(1000 * (time.perf_counter() - start) / iterations)
-    return statistics.median(times), ops
+        return 1000 * (time.perf_counter() - start) / iterations
+    return count_ops(optimizer.step), ms_per_step
 
 
 def main(argv=None):
@@ -50,38 +50,46 @@ def main(argv=None):
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw", "rmsprop"])
     p.add_argument("--iterations", type=int, default=50)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
 
     import torch
 
+    from mobilenet.bench import interleave
     from mobilenet.device import choose_device, describe, open_device
     from mobilenet.model import MobileNetV1
     from mobilenet.optim import describe_optimizer
     device = open_device(choose_device(args.device))
-    rows = []
+    ops, timers = {}, {}
     for implementation in implementations(device, args.optimizer):
         torch.manual_seed(0)
         model = MobileNetV1(args.width).to(device)
         for p_ in model.parameters():
             p_.grad = torch.randn_like(p_) * 1e-3
         optimizer = build(model, args.optimizer, implementation)
-        ms, ops = measure(optimizer, device, args.iterations, args.repeats)
-        rows.append({"variant": implementation, "class": describe_optimizer(args.optimizer, implementation),
-                     "ms_per_step": ms, "ops_per_step": ops})
-    base = rows[0]
+        ops[implementation], timers[implementation] = prepare(optimizer, device, args.iterations)
+    rounds = interleave(timers, args.rounds)
+    base = next(iter(ops))
     print(f"{args.optimizer} step on MobileNetV1 x{args.width} ({sum(1 for _ in model.parameters())} "
-          f"tensors), {describe(device)}")
-    print("| implementation | ms/step | ops/step | time vs loop | ops vs loop |\n|---|---|---|---|---|")
-    for r in rows:
-        r["time_ratio"] = r["ms_per_step"] / base["ms_per_step"]
-        r["ops_ratio"] = r["ops_per_step"] / base["ops_per_step"]
-        print(f"| {r['class']} | {r['ms_per_step']:.3f} | {r['ops_per_step']} | "
-              f"{r['time_ratio']:.2f}x | {r['ops_ratio']:.3f}x |")
+          f"tensors), {describe(device)}; {rounds.describe()}")
+    print(f"| implementation | ms/step (median, min-max) | ops/step | time vs {base} (median, min-max) "
+          f"| ops vs {base} |\n|---|---|---|---|---|")
+    rows = []
+    for name in ops:
+        ratio = rounds.ratio(name, base)
+        row = {"variant": name, "class": describe_optimizer(args.optimizer, name),
+               "ms_per_step": rounds.median(name), "ms_spread": rounds.spread(name),
+               "ops_per_step": ops[name], "time_ratio": ratio[0], "time_ratio_spread": ratio[1:],
+               "ops_ratio": ops[name] / ops[base]}
+        rows.append(row)
+        print(f"| {row['class']} | {row['ms_per_step']:.3f} ({row['ms_spread'][0]:.3f}-"
+              f"{row['ms_spread'][1]:.3f}) | {row['ops_per_step']} | {ratio[0]:.2f}x ({ratio[1]:.2f}-"
+              f"{ratio[2]:.2f}) | {row['ops_ratio']:.3f}x |")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": str(device), "optimizer": args.optimizer,
-                                               "width": args.width, "rows": rows}, indent=2) + "\n")
+                                               "width": args.width, "rows": rows, **rounds.to_json()},
+                                              indent=2) + "\n")
     return rows
 
 

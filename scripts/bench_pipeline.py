@@ -11,41 +11,22 @@ medians of the rounds' ratios, and rounds in which other processes took more tha
 the machine are dropped.
 """
 import argparse
-import contextlib
-import io
 import json
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build(args, overrides, workers=None):
-    from mobilenet.config import build_config, resolve
-    extra = [f"data.workers={workers}"] if workers is not None else []
+def build(args, overrides):
+    from mobilenet.config import build_config
     return build_config(args.config, [*overrides, f"train.max_steps_per_epoch={args.steps}",
-                                      "train.epochs=1", f"train.log_every={args.log_every}", *extra])
-
-
-def end_to_end(args, overrides, workers):
-    """img/s of engine.run, from its progress intervals after the first."""
-    from mobilenet.config import resolve
-    from mobilenet.engine import run
-    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
-        cfg = build(args, overrides, workers)
-        cfg["output"] = out
-        run(resolve(cfg))
-        records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["img_per_s"] for r in records if r["kind"] == "train"][1:]
-    return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
+                                      "train.epochs=1", f"train.log_every={args.log_every}"])
 
 
 def from_memory(args, overrides):
-    """(a function returning img/s, the batch count): the TrainStep and schedule over batches
-    that the loader made beforehand."""
-    import torch
-
+    """A function returning the img/s of the TrainStep and the LR schedule over batches that the
+    loader made beforehand."""
     from mobilenet.config import resolve
     from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
     from mobilenet.device import open_device, synchronize
@@ -85,11 +66,13 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.bench import interleave
+    from mobilenet.bench import interleave, training_img_per_s
     variants = {"from memory": from_memory(args, overrides)}
     for workers in args.workers or [None]:
         name = "end to end" + (f", data.workers={workers}" if workers is not None else "")
-        variants[name] = lambda workers=workers: end_to_end(args, overrides, workers)
+        extra = [f"data.workers={workers}"] if workers is not None else []
+        variants[name] = lambda extra=extra: training_img_per_s(args.config, [*overrides, *extra],
+                                                                args.steps, args.log_every)
     rounds = interleave(variants, args.rounds)
     print(f"{Path(args.config).name} {' '.join(overrides)}: {args.steps} steps; {rounds.describe()}")
     print("| variant | img/s (median, min-max) | vs from memory (median, min-max) |\n|---|---|---|")

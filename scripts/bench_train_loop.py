@@ -5,14 +5,11 @@ python scripts/bench_train_loop.py [--width 0.5] [--resolution 128] [--batch-siz
 Synthetic data, fused SGD, fp32, one process; each runs --steps steps after 5 warm-up steps.
 train.py runs as configured (channels_last on cpu/cuda) and with channels_last off, which leaves
 only its loop machinery (prefetch, logging, checks) to compare. The runs take turns, in one process,
-for --rounds rounds; the ratios are medians of the rounds' ratios (a shared machine's speed drifts).
+for --rounds rounds (reversed every other round); the ratios are medians of the rounds' ratios (a
+shared machine's speed drifts), rounds in which other processes took over a quarter of it dropped.
 """
 import argparse
-import contextlib
-import io
 import json
-import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -50,19 +47,13 @@ def plain_loop(args, device):
 
 def train_py(args, device, *overrides):
     """img/s of the app's own loop (engine.run, in this process as the plain loop) over the same
-    steps: its 5-step log intervals after the first."""
-    from mobilenet.config import build_config, resolve
-    from mobilenet.engine import run
-    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
-        cfg = build_config(ROOT / "configs" / "synthetic.yaml", [
-            f"device={device.type}", "optim.impl=fused", "train.epochs=1", f"model.width_mult={args.width}",
-            f"model.resolution={args.resolution}", f"data.batch_size={args.batch_size}",
-            f"data.workers={args.workers}", f"data.synthetic_size={args.batch_size * (args.steps + 5)}",
-            "train.log_every=5", "schedule.name=cosine", *overrides], settings={"output": out})
-        run(resolve(cfg))
-        records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["img_per_s"] for r in records if r["kind"] == "train"][1:]
-    return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
+    steps, from its 5-step log intervals after the first."""
+    from mobilenet.bench import training_img_per_s
+    return training_img_per_s(ROOT / "configs" / "synthetic.yaml", [
+        f"device={device.type}", "optim.impl=fused", f"model.width_mult={args.width}",
+        f"model.resolution={args.resolution}", f"data.batch_size={args.batch_size}",
+        f"data.workers={args.workers}", f"data.synthetic_size={args.batch_size * (args.steps + 5)}",
+        "schedule.name=cosine", *overrides], steps=args.steps + 5, log_every=5)
 
 
 def main(argv=None):
@@ -82,18 +73,18 @@ def main(argv=None):
             "train.py": lambda: train_py(args, device),
             "train.py, channels_last off (the loop's own cost)":
                 lambda: train_py(args, device, "model.channels_last=false")}
-    rates = {name: [] for name in runs}
-    for _ in range(args.rounds):
-        for name, run in runs.items():
-            rates[name].append(run())
-    ratios = {name: statistics.median(r / p for p, r in zip(rates["plain loop"], values))
-              for name, values in rates.items()}
-    report = {"img_per_s": {name: statistics.median(v) for name, v in rates.items()}, "ratio": ratios}
+    from mobilenet.bench import interleave
+    rounds = interleave(runs, args.rounds)
+    report = {**rounds.to_json(), "img_per_s": {name: rounds.median(name) for name in runs},
+              "ratio": {name: rounds.ratio(name, "plain loop")[0] for name in runs}}
     print(f"MobileNetV1 x{args.width} at {args.resolution}px, batch {args.batch_size}, {args.steps} steps, "
-          f"fused SGD, fp32, {device}, {args.rounds} rounds")
-    print("| loop | img/s (median) | vs plain loop (median of rounds) |\n|---|---|---|")
-    for name, rate in report["img_per_s"].items():
-        print(f"| {name} | {rate:.1f} | {ratios[name]:.2f}x |")
+          f"fused SGD, fp32, {device}; {rounds.describe()}")
+    print("| loop | img/s (median, min-max) | vs plain loop (median, min-max) |\n|---|---|---|")
+    for name in runs:
+        low, high = rounds.spread(name)
+        ratio = rounds.ratio(name, "plain loop")
+        print(f"| {name} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | {ratio[0]:.2f}x "
+              f"({ratio[1]:.2f}-{ratio[2]:.2f}) |")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return report

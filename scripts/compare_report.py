@@ -11,7 +11,10 @@ ROWS = [("img/s", "img_per_s", "{:.1f}"), ("step time (ms)", "step_ms", "{:.2f}"
         ("optimizer step (ms)", "optimizer_ms", "{:.3f}"),
         ("optimizer share of step", "optimizer_share", "{:.1%}"),
         ("ops per optimizer step", "optimizer_ops_per_step", "{}"),
-        ("data-wait share", "data_wait_share", "{:.1%}"), ("final train loss", "final_loss", "{:.4f}"),
+        ("ops per training step (forward to EMA)", "step_ops_per_step", "{}"),
+        ("data-wait share", "data_wait_share", "{:.1%}"),
+        ("other processes' CPU share (no ratio)", "other_cpu_share", "{:.1%}"),
+        ("final train loss", "final_loss", "{:.4f}"),
         ("val top-1", "top1", "{:.2f}"), ("peak memory (MiB)", "peak_memory_mb", "{:.0f}")]
 
 
@@ -56,6 +59,9 @@ def main(folder):
     for label, key, fmt in ROWS:
         values = [summaries[name].get(key) for name in RUNS]
         if None in values:
+            continue
+        if key == "other_cpu_share":
+            print(f"| {label} | " + " | ".join(fmt.format(v) for v in values) + " | | |")
             continue
         ratios = [v / values[0] if values[0] else float("nan") for v in values[1:]]
         report["ratio_foreach"][key], report["ratio"][key] = ratios

@@ -10,7 +10,7 @@ import train
 
 def test_bench_optimizer_counts_ops(tmp_path, capsys):
     out = tmp_path / "optimizer.json"
-    script("bench_optimizer").main(["--width", "0.25", "--iterations", "2", "--repeats", "1",
+    script("bench_optimizer").main(["--width", "0.25", "--iterations", "2", "--rounds", "2",
                                     "--device", "cpu", "--json", str(out)])
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"loop", "foreach", "fused"}
@@ -53,9 +53,12 @@ def test_profile_writes_a_trace(tmp_path, digits):
 
 def test_bench_data_runs(tmp_path, capsys):
     out = tmp_path / "data.json"
-    script("bench_data").main(["--images", "6", "--repeats", "1", "--json", str(out)])
+    script("bench_data").main(["--images", "6", "--rounds", "2", "--json", str(out)])
     result = json.loads(out.read_text())
-    assert set(result["img_per_s"]) == {"torchvision default", "this app"} and result["ratio"] > 0
+    names = {"torchvision default", "torchvision fast", "this app"}
+    assert set(result["img_per_s"]) == set(result["ratio"]) == names and result["ratio"]["this app"] == 1
+    assert len(result["rounds"]) == len(result["other_cpu_share"]) == 2
+    assert all(0 <= share <= 1 for share in result["other_cpu_share"])
     assert "| this app |" in capsys.readouterr().out
 
 
@@ -66,3 +69,35 @@ def test_bench_train_loop_runs(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert len(result["img_per_s"]) == 3 and all(rate > 0 for rate in result["img_per_s"].values())
     assert result["ratio"]["plain loop"] == 1.0 and "| train.py |" in capsys.readouterr().out
+
+
+def test_op_budget_table_is_consistent(tmp_path, capsys):
+    from mobilenet.bench import PHASES
+    out = tmp_path / "ops.json"
+    rows = script("op_budget").main(["--width", "0.25", "--resolution", "32", "--levels", "O0", "O1",
+                                     "--ema-decay", "0.9", "--json", str(out)])
+    assert json.loads(out.read_text())["rows"] == rows and len(rows) == 6
+    for row in rows:
+        assert all(isinstance(row[p], int) and row[p] >= 0 for p in PHASES)
+        assert sum(row[p] for p in PHASES) == row["total"]
+        assert row["forward"] > 0 and row["backward"] > 0 and row["ema"] > 0 and row["input"] > 0
+    by = {(r["implementation"], r["amp"]): r for r in rows}
+    for level in ("O0", "O1"):
+        assert by["fused", level]["optimizer"] < by["foreach", level]["optimizer"] < by["loop", level]["optimizer"]
+        assert by["loop", level]["optimizer"] >= 83 * 3 and by["fused", level]["total"] < by["loop", level]["total"]
+    assert by["loop", "O1"]["unscale"] > 0 == by["loop", "O0"]["unscale"]
+    assert "| fused | O1 |" in capsys.readouterr().out
+
+
+def test_host_model_and_amp_table_and_pipeline_run(tmp_path, capsys):
+    model = script("host_model").main(["--width", "0.25", "--resolution", "64", "--batches", "1", "4",
+                                       "--rounds", "1", "--json", str(tmp_path / "model.json")])
+    assert [r["batch"] for r in model] == [1, 4] and all(r["predicted_ratio"] > 1 for r in model)
+    assert json.loads((tmp_path / "model.json").read_text())["host_bound_ceiling"] > 1
+    amp = script("amp_table").main(["--models", "demo", "--levels", "O0", "O1", "--rounds", "1", "--steps", "8",
+                                    "--json", str(tmp_path / "amp.json")])
+    assert len(amp) == 4 and all(r["img_per_s"] > 0 for r in amp)
+    assert {r["vs_O0"] for r in amp if r["amp"] == "O0"} == {1.0}
+    pipeline = script("bench_pipeline").main(["--steps", "12", "--rounds", "1", "data.path=digits"])
+    assert set(pipeline["ratio"]) == {"from memory", "end to end"} and pipeline["ratio"]["from memory"] == 1
+    assert "seed article" in capsys.readouterr().out

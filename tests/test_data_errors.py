@@ -101,3 +101,25 @@ def test_accuracy_leaves_out_what_could_not_be_read():
     labels = torch.tensor([0, 0, -1])  # hit, miss, unreadable
     result = accuracy(net, [(logits, labels)], contextlib.nullcontext, torch.device("cpu"))
     assert (result.top1, result.scored, result.left_out) == (50.0, 2, 1)
+
+
+def test_a_loader_that_stays_the_bottleneck_gets_one_hint(tmp_path, capsys):
+    """Large JPEGs for a tiny model at 32 px: decoding, not the step, takes the time."""
+    root = tmp_path / "data"
+    for subset in ("train", "val"):
+        for label in ("a", "b"):
+            folder = root / subset / label
+            folder.mkdir(parents=True)
+            for i in range(8):
+                noise = torch.randint(0, 256, (1500, 2000, 3), dtype=torch.uint8).numpy()
+                Image.fromarray(noise).save(folder / f"{i}.JPEG", quality=95)
+    out = tmp_path / "run"
+    assert train.main(["--config", "configs/demo.yaml", "--data", str(root), "--output", str(out),
+                       *TINY, "model.num_classes=2", "data.batch_size=2", "data.cache_mb=0",
+                       "train.log_every=1", "--epochs", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    hints = [line for line in lines if line.startswith("hint: data wait")]
+    assert len(hints) == 1 and "raise data.workers (now 0)" in hints[0]
+    waits = [json.loads(r)["data_wait"] for r in (out / "metrics.jsonl").read_text().splitlines()
+             if '"train"' in r]
+    assert len(waits) == 8 and sum(w >= 0.3 for w in waits) >= 3

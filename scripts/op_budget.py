@@ -1,0 +1,68 @@
+"""The launch budget of one training step: aten ops dispatched (kernel launches on an accelerator),
+phase by phase, for each optimizer implementation and amp level.
+
+python scripts/op_budget.py [--device auto] [--width 1.0] [--resolution 224] [--levels O0 O1 O2]
+                            [--dtype bfloat16|float16] [--ema-decay 0] [--json FILE] [key.sub=value ...]
+Phases: input (copy to the device, normalise, layout), forward, loss, backward, unscale (amp: the
+fp32 master grads and the overflow check), optimizer (O2: and the masters copied back), zero_grad,
+ema, scheduler. Counted with a TorchDispatchMode on the step after 3 warm-up steps; the counts do
+not depend on the batch size.
+"""
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# optim.* settings that select each implementation (npu_fused: optim.impl=fused on npu)
+IMPLEMENTATIONS = {"loop": ["optim.impl=standard", "optim.foreach=false"],
+                   "foreach": ["optim.impl=standard", "optim.foreach=true"],
+                   "fused": ["optim.impl=fused"]}
+
+
+def budgets(args, overrides):
+    """[{implementation, amp, phase counts..., total}] for every implementation and level."""
+    from mobilenet.bench import PHASES, op_budget
+    from mobilenet.config import build_config, resolve
+    from mobilenet.device import open_device
+    rows = []
+    for level in args.levels:
+        for name, settings in IMPLEMENTATIONS.items():
+            cfg = resolve(build_config(ROOT / "configs" / "synthetic.yaml", [
+                f"device={args.device}", f"model.width_mult={args.width}",
+                f"model.resolution={args.resolution}", f"data.batch_size={args.batch_size}",
+                f"amp.level={level}", f"amp.dtype={args.dtype}", "amp.backend=native",
+                f"train.ema_decay={args.ema_decay}", *settings, *overrides]))
+            counts = op_budget(cfg, open_device(cfg["derived"]["device"]))
+            rows.append({"implementation": cfg["derived"]["optimizer"], "amp": level, **counts,
+                         "total": sum(counts[p] for p in PHASES)})
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--width", type=float, default=1.0)
+    p.add_argument("--resolution", type=int, default=224)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--levels", nargs="+", default=["O0", "O1", "O2"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--ema-decay", type=float, default=0.0)
+    p.add_argument("--json")
+    args, overrides = p.parse_known_args(argv)
+    from mobilenet.bench import PHASES
+    rows = budgets(args, overrides)
+    print(f"aten ops per training step, MobileNetV1 x{args.width} at {args.resolution}px, "
+          f"amp dtype {args.dtype}" + (f", EMA {args.ema_decay}" if args.ema_decay else ""))
+    print("| implementation | amp | " + " | ".join(PHASES) + " | total |\n|" + "---|" * (len(PHASES) + 3))
+    for row in rows:
+        print(f"| {row['implementation']} | {row['amp']} | " + " | ".join(str(row[p]) for p in PHASES) +
+              f" | {row['total']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"width": args.width, "resolution": args.resolution,
+                                               "dtype": args.dtype, "phases": PHASES, "rows": rows},
+                                              indent=2) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
