@@ -148,7 +148,8 @@ def training_img_per_s(config, overrides, steps=12, log_every=4):
                                     f"train.log_every={log_every}"], settings={"output": out})
         run(resolve(cfg))
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["img_per_s"] for r in records if r["kind"] == "train"][1:]
+    rates = [r["img_per_s"] for r in records if r["kind"] == "train"]
+    rates = rates[1:] or rates  # without the warm-up interval where there are others
     return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
 
 
