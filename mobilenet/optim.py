@@ -32,6 +32,10 @@ ALGORITHMS = {
     "rmsprop": Algorithm(torch.optim.RMSprop, "NpuFusedRMSprop", ("momentum", "alpha", "eps"), False),
 }
 IMPLEMENTATIONS = ("loop", "foreach", "fused", "npu_fused")
+# the optim.* overrides that select each implementation (npu_fused: optim.impl=fused on npu)
+SETTINGS = {"loop": ["optim.impl=standard", "optim.foreach=false"],
+            "foreach": ["optim.impl=standard", "optim.foreach=true"],
+            "fused": ["optim.impl=fused"]}
 
 
 def torch_default_foreach(device):

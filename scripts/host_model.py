@@ -78,11 +78,11 @@ def main(argv=None):
     from mobilenet.bench import PHASES, interleave, op_budget
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device
+    from mobilenet.optim import SETTINGS
     configs = {impl: resolve(build_config(ROOT / "configs" / "synthetic.yaml", [
         f"device={args.device}", f"model.width_mult={args.width}", f"model.resolution={args.resolution}",
         f"amp.level={args.amp}", "amp.dtype=bfloat16", "amp.backend=native", *settings]))
-        for impl, settings in {"loop": ["optim.impl=standard", "optim.foreach=false"],
-                               "fused": ["optim.impl=fused"]}.items()}
+        for impl, settings in SETTINGS.items() if impl != "foreach"}
     device = open_device(configs["loop"]["derived"]["device"])
     c = launch_us(device)
     counts = {impl: sum(op_budget(cfg, device)[p] for p in PHASES if p != "input")

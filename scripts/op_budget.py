@@ -13,10 +13,6 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# optim.* settings that select each implementation (npu_fused: optim.impl=fused on npu)
-IMPLEMENTATIONS = {"loop": ["optim.impl=standard", "optim.foreach=false"],
-                   "foreach": ["optim.impl=standard", "optim.foreach=true"],
-                   "fused": ["optim.impl=fused"]}
 
 
 def budgets(args, overrides):
@@ -24,9 +20,10 @@ def budgets(args, overrides):
     from mobilenet.bench import PHASES, op_budget
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device
+    from mobilenet.optim import SETTINGS
     rows = []
     for level in args.levels:
-        for name, settings in IMPLEMENTATIONS.items():
+        for name, settings in SETTINGS.items():
             cfg = resolve(build_config(ROOT / "configs" / "synthetic.yaml", [
                 f"device={args.device}", f"model.width_mult={args.width}",
                 f"model.resolution={args.resolution}", f"data.batch_size={args.batch_size}",
