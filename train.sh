@@ -6,17 +6,26 @@
 # Restart after a failure:          --max-restarts N (torchrun's own; the run resumes from its newest
 #                                   checkpoint; see train.checkpoint_every_minutes)
 # Every other flag (--optimizer, --device, --data, --config, key.sub=value, ...) goes to train.py.
+# The launcher flags of ModelZoo's and pytorch/examples' main.py that mean one thing on one node:
+#   --addr HOST                     = --master-addr HOST
+#   --device-list|--device_list L   = one process per card of the list L (0,1,...), those cards only
+#   --device_id|--device-id|--gpu N = one process on card N
+# (the others, --world-size, --rank, --dist-url, ..., train.py refuses, naming the flag to use).
 set -euo pipefail
 
-nproc=1 nnodes=1 node_rank=0 master_addr=127.0.0.1 master_port=29500 max_restarts=0 rdzv_id=mobilenet
+nproc="" nnodes=1 node_rank=0 master_addr="" master_port=29500 max_restarts=0 rdzv_id=mobilenet
+cards="" cards_flag=""
 forward=()
+fail() { echo "error: $1" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   flag="$1"
   case "$flag" in
-    --nproc|--nnodes|--node-rank|--master-addr|--master-port|--max-restarts|--rdzv-id)
-      [ $# -ge 2 ] || { echo "error: $flag needs a value" >&2; exit 2; }
+    --nproc|--nnodes|--node-rank|--master-addr|--master-port|--max-restarts|--rdzv-id|--addr|\
+    --device-list|--device_list|--device_id|--device-id|--gpu)
+      [ $# -ge 2 ] || fail "$flag needs a value"
       value="$2"; shift ;;
-    --nproc=*|--nnodes=*|--node-rank=*|--master-addr=*|--master-port=*|--max-restarts=*|--rdzv-id=*)
+    --nproc=*|--nnodes=*|--node-rank=*|--master-addr=*|--master-port=*|--max-restarts=*|--rdzv-id=*|\
+    --addr=*|--device-list=*|--device_list=*|--device_id=*|--device-id=*|--gpu=*)
       value="${flag#*=}"; flag="${flag%%=*}" ;;
     *) forward+=("$flag"); shift; continue ;;
   esac
@@ -24,16 +33,32 @@ while [ $# -gt 0 ]; do
     --nproc) nproc="$value" ;;
     --nnodes) nnodes="$value" ;;
     --node-rank) node_rank="$value" ;;
-    --master-addr) master_addr="$value" ;;
+    --master-addr|--addr)
+      [ -z "$master_addr" ] || [ "$master_addr" = "$value" ] \
+        || fail "--master-addr/--addr given twice ($master_addr, $value); give one"
+      master_addr="$value" ;;
     --master-port) master_port="$value" ;;
     --max-restarts) max_restarts="$value" ;;
     --rdzv-id) rdzv_id="$value" ;;
+    --device-list|--device_list|--device_id|--device-id|--gpu)
+      [ -z "$cards_flag" ] || fail "$cards_flag and $flag both choose the cards; give one"
+      [[ "$value" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "$flag needs card numbers like 0 or 0,1,2,3, got '$value'"
+      [[ "$flag" = --device?list ]] || [[ "$value" != *,* ]] || fail "$flag takes one card; use --device-list $value"
+      cards="$value" cards_flag="$flag" ;;
   esac
   shift
 done
 
-fail() { echo "error: $1" >&2; exit 2; }
 whole() { [[ "$2" =~ ^[0-9]+$ ]] || fail "$1 needs a whole number, got '$2'"; }
+if [ -n "$cards" ]; then
+  count=$(( $(tr -cd , <<<"$cards" | wc -c) + 1 ))
+  [ -z "$nproc" ] || [ "$nproc" = "$count" ] \
+    || fail "--nproc $nproc and $cards_flag $cards ($count cards) contradict each other; give one"
+  nproc="$count"
+  # the listed cards only, numbered from 0 in the order given (each process takes its local rank's)
+  export ASCEND_RT_VISIBLE_DEVICES="$cards" CUDA_VISIBLE_DEVICES="$cards"
+fi
+nproc="${nproc:-1}" master_addr="${master_addr:-127.0.0.1}"
 whole --nproc "$nproc"; whole --nnodes "$nnodes"; whole --node-rank "$node_rank"
 whole --master-port "$master_port"; whole --max-restarts "$max_restarts"
 [ "$nproc" -ge 1 ] || fail "--nproc must be at least 1 (processes on this node, one per card), got $nproc"

@@ -77,6 +77,8 @@ DEFAULTS = {
         "log_every": 50,           # steps between progress lines
         "keep_checkpoints": 0,     # also keep the last K epoch checkpoints
         "max_steps_per_epoch": 0,  # >0: cut epochs short (benchmarks, smoke tests)
+        "max_steps": 0,            # >0: stop the run after this many training steps in all, validate
+                                   # and save there (ModelZoo's --max_steps / --stop-step-num)
         "checkpoint_every_minutes": 0.0,  # >0: also save last.pt within an epoch this often (rank 0),
                                    # so a crash without a signal loses at most this much work
         "measure_breakdown": False,  # time data waits and optimizer steps (syncs the device)
@@ -112,7 +114,7 @@ RANGES = {
     "schedule.warmup_start_factor": "(0, 1]", "schedule.min_lr": "[0, inf)",
     "train.epochs": "[1, inf)", "train.label_smoothing": "[0, 1)", "train.ema_decay": "[0, 1)",
     "train.log_every": "[1, inf)", "train.keep_checkpoints": "[0, inf)",
-    "train.max_steps_per_epoch": "[0, inf)", "train.checkpoint_every_minutes": "[0, inf)",
+    "train.max_steps_per_epoch": "[0, inf)", "train.max_steps": "[0, inf)", "train.checkpoint_every_minutes": "[0, inf)",
 }
 
 
@@ -155,7 +157,8 @@ def parse_override(text):
         raise UsageError(f"override '{text}': cannot parse the value") from None
 
 
-def set_key(cfg, dotted, value, origin):
+def parent_of(cfg, dotted, origin):
+    """The dict that holds setting ``dotted`` in ``cfg``; an unknown setting is a UsageError."""
     node, parts = cfg, dotted.split(".")
     for part in parts[:-1]:
         if not isinstance(node.get(part), dict):
@@ -163,7 +166,17 @@ def set_key(cfg, dotted, value, origin):
         node = node[part]
     if parts[-1] not in node or isinstance(node[parts[-1]], dict):
         raise UsageError(f"{origin}: unknown setting '{dotted}'")
-    node[parts[-1]] = coerce(dotted, node[parts[-1]], value, origin)
+    return node
+
+
+def set_key(cfg, dotted, value, origin):
+    parent_of(cfg, dotted, origin)[dotted.rsplit(".", 1)[-1]] = coerce_setting(dotted, value, origin)
+
+
+def coerce_setting(dotted, value, origin):
+    """``value`` checked and converted for setting ``dotted`` (its type, choices and range)."""
+    default = parent_of(DEFAULTS, dotted, origin)[dotted.rsplit(".", 1)[-1]]
+    return coerce(dotted, default, value, origin)
 
 
 def coerce(dotted, default, value, origin):
@@ -268,13 +281,14 @@ def thaw(value):
     return [thaw(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
-def resolve(cfg, *, name="run", world=None):
+def resolve(cfg, *, name="run", world=None, command_line=()):
     """The run's read-only config: ``cfg``'s settings plus ``derived``, computed here once.
 
     derived: device (npu|cuda|cpu), world_size, global_batch, lr (optim.lr, scaled to the global
     batch when optim.lr_scale_batch > 0), channels_last, optimizer (the implementation that runs:
     loop|foreach|fused|npu_fused), amp_backend (none|native|apex). ``output`` defaults to
-    runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment.
+    runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
+    what the flags of other scripts' dialects became (mobilenet.cli), kept for the log.
     """
     from mobilenet.amp import choose_backend
     from mobilenet.device import choose_device
@@ -294,6 +308,7 @@ def resolve(cfg, *, name="run", world=None):
         "optimizer": choose_implementation(name=optim["name"], impl=optim["impl"], device=device,
                                            foreach=optim["foreach"]),
         "amp_backend": choose_backend(amp["level"], amp["backend"]),
+        "command_line": list(command_line),
     }
     check_combinations(cfg, derived)
     resolved = copy.deepcopy(cfg)

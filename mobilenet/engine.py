@@ -101,7 +101,7 @@ def run(cfg, *, resume=None, evaluate_only=False):
                 restore(r, resume, fallback)
             if evaluate_only:
                 return evaluate_only_run(r)
-            if r.epoch >= cfg["train"]["epochs"]:
+            if finished(r):
                 return already_complete(r)
             start_outputs(r)
             return fit(r)
@@ -143,6 +143,8 @@ def build_run(cfg, world, device):
     log.info(f"data {data['path']}: {len(train_set)} train / {len(val_set)} val images, batch "
              f"{data['batch_size']} per process x {world.size} = {derived['global_batch']} global, "
              f"{steps} steps/epoch, lr {derived['lr']:g}{scaled}")
+    for note in derived["command_line"]:
+        log.info(f"command line: {note}")
     breakdown = None
     if cfg["train"]["measure_breakdown"]:
         breakdown = StepBreakdown(device)
@@ -169,8 +171,11 @@ def already_complete(r):
     """--resume of a finished run: says so and leaves its files as they are."""
     summary_path = Path(r.cfg["output"]) / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    r.log.info(f"{r.cfg['output']} is complete: {r.epoch} of {r.cfg['train']['epochs']} epochs trained "
-               f"(best top-1 {r.best_top1:.3f}); nothing to do. To train longer, raise --epochs.")
+    train = r.cfg["train"]
+    cap = f", {train['max_steps']} steps at most (train.max_steps)" if train["max_steps"] else ""
+    r.log.info(f"{r.cfg['output']} is complete: {r.epoch} of {train['epochs']} epochs{cap} trained "
+               f"(best top-1 {r.best_top1:.3f}); nothing to do. To train longer, raise --epochs"
+               f"{' or train.max_steps' if cap else ''}.")
     return summary
 
 
@@ -188,25 +193,41 @@ def fit(r):
         if periodic.due():
             saver.save_last(checkpoint_state(r))
     with StopOnSignal(r.world) as stop, r.worker_signals.protect(), trace as prof:
-        while r.epoch < cfg["train"]["epochs"]:
+        while not finished(r):
             meter = train_one_epoch(r, stop, prof, run_start, save_if_due)
             for key, value in meter.totals().items():  # images, seconds, data_wait_s
                 totals[key] += value
-            if r.step < r.steps:  # stopped by a signal mid-epoch
+            if r.step < r.steps and not finished(r):  # stopped by a signal mid-epoch
                 return stopped(r, saver, stop)
             results = end_epoch(r, saver, epoch_seconds=meter.seconds)
-            if r.epoch < cfg["train"]["epochs"] and stop.should_stop():
+            if not finished(r) and stop.should_stop():
                 return stopped(r, saver, stop)
         return finish(r, totals, results)  # a signal now waits until the summary is written
 
 
+def steps_done(r):
+    return r.epoch * r.steps + r.step
+
+
+def total_steps(r):
+    """The steps the run trains: all epochs', or train.max_steps when that is fewer."""
+    cap = r.cfg["train"]["max_steps"]
+    return min(r.cfg["train"]["epochs"] * r.steps, cap) if cap else r.cfg["train"]["epochs"] * r.steps
+
+
+def finished(r):
+    return steps_done(r) >= total_steps(r)
+
+
 def end_epoch(r, saver, epoch_seconds):
-    """Validation, its log lines and records, and the epoch's checkpoints; returns the results."""
+    """Validation, its log lines and records, and the epoch's checkpoints; returns the results.
+    An epoch that train.max_steps cut short is validated and saved at the step it reached."""
     val_start = time.perf_counter()
     results = validate(r)
     r.val_seconds = time.perf_counter() - val_start
     epoch, model = r.epoch, results[""]
-    r.epoch, r.step = epoch + 1, 0
+    if r.step == r.steps:
+        r.epoch, r.step = epoch + 1, 0
     is_best = model.top1 > r.best_top1
     r.best_top1 = max(r.best_top1, model.top1)
     r.log.info(accuracy_line(model.top1, model.top5, f"epoch {epoch}, best {r.best_top1:.3f}; {model.note()}"))
@@ -214,7 +235,7 @@ def end_epoch(r, saver, epoch_seconds):
     if "EMA" in results:
         ema = {"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5}
         r.log.info(accuracy_line(results["EMA"].top1, results["EMA"].top5, prefix=" EMA"))
-    r.log.record("val", r.epoch * r.steps, epoch=epoch, top1=model.top1, top5=model.top5,
+    r.log.record("val", steps_done(r), epoch=epoch, top1=model.top1, top5=model.top5,
                  epoch_time_s=epoch_seconds, **ema)
     if r.world.is_main:
         saver.save(checkpoint_state(r), r.epoch, is_best)
@@ -229,6 +250,7 @@ def finish(r, totals, results):
     top1 = final.top1
     steps = totals["images"] / derived["global_batch"]
     summary = {"top1": top1, "top5": final.top5, "best_top1": r.best_top1, "epochs": r.epoch,
+               "steps": steps_done(r),
                "val_images_scored": final.scored,
                **({"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5} if "EMA" in results else {}),
                "img_per_s": totals["images"] / seconds if seconds else 0.0,
@@ -309,7 +331,7 @@ class EpochMeter:
     def log(self):
         """The progress line, metrics.jsonl and TensorBoard for the interval that ends now."""
         r = self.r
-        cfg, batch = r.cfg, r.cfg["derived"]["global_batch"]
+        batch = r.cfg["derived"]["global_batch"]
         synchronize(r.device)
         now = time.perf_counter()
         loss = all_reduce_sum(self.loss_sum).item() / self.interval_steps / r.world.size
@@ -321,8 +343,10 @@ class EpochMeter:
         else:
             steady_time, steady_steps = now - self.steady[0], r.step - self.steady[1]
         step_time = steady_time / steady_steps
-        eta_epoch = (r.steps - r.step) * step_time + r.val_seconds
-        eta_run = eta_epoch + (cfg["train"]["epochs"] - r.epoch - 1) * (r.steps * step_time + r.val_seconds)
+        epoch_end = min((r.epoch + 1) * r.steps, total_steps(r))
+        after_epoch = total_steps(r) - epoch_end  # steps of the epochs after this one
+        eta_epoch = (epoch_end - steps_done(r)) * step_time + r.val_seconds
+        eta_run = eta_epoch + after_epoch * step_time + math.ceil(after_epoch / r.steps) * r.val_seconds
         lr = r.train_step.optimizer.param_groups[0]["lr"]
         extras = {k: float(v) for k, v in r.train_step.metrics().items()}
         img_per_s, data_wait = batch * self.interval_steps / seconds, self.interval_wait_s / seconds
@@ -330,7 +354,7 @@ class EpochMeter:
         r.log.info(progress_line(epoch=r.epoch, step=r.step, steps=r.steps, eta_epoch=eta_epoch,
                                  eta_run=eta_run, img_per_s=batch / step_time, data_wait=data_wait,
                                  loss=loss, lr=lr, elapsed=now - self.run_start, extras=extras))
-        r.log.record("train", r.epoch * r.steps + r.step, epoch=r.epoch, loss=loss, lr=lr,
+        r.log.record("train", steps_done(r), epoch=r.epoch, loss=loss, lr=lr,
                      img_per_s=img_per_s, data_wait=data_wait, **extras)
         self.loss_sum.zero_()
         self.interval_start, self.interval_steps, self.interval_wait_s = now, 0, 0.0
@@ -365,12 +389,12 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
         r.scheduler.step()
         r.step += 1
         meter.add(loss)
-        at_log = r.step % cfg["log_every"] == 0 or r.step == r.steps
+        at_log = r.step % cfg["log_every"] == 0 or r.step == r.steps or finished(r)
         if at_log:
             meter.log()
         after_step()
         prof.step()
-        if stop.should_stop():
+        if finished(r) or stop.should_stop():  # the same on every rank, so the reduction stays paired
             break
     synchronize(r.device)
     return meter

@@ -1,0 +1,231 @@
+"""train.py's command line: its own flags, the flags of pytorch/examples' imagenet/main.py and of
+Ascend ModelZoo's MobileNetV1 main.py (each mapped to the setting with the meaning it has there),
+the data folder as a positional argument, and ``key.sub=value`` settings; into a resolved config.
+
+Layers, later winning: the recipe (--config), then flags, then ``key.sub=value``. A flag and a
+``key.sub=value`` (or two flags) that set one setting to different values are a UsageError.
+"""
+import argparse
+import math
+import os
+import re
+from pathlib import Path
+
+from mobilenet.config import FLAGS, build_config, coerce_setting, parse_override, resolve
+from mobilenet.errors import UsageError
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+ARCH_NAMES = {"mobilenet", "mobilenet_v1", "mobilenetv1"}
+AMP_LEVELS = ("O0", "O1", "O2")
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+# Launcher flags of those scripts: train.py starts no processes, so it refuses each, saying what
+# to run instead (train.sh maps --addr, --device-list and --device_id/--gpu itself).
+PER_CARD = "start one process per card with bash train.sh --nproc N"
+REFUSED = {
+    "--multiprocessing-distributed": (0, PER_CARD),
+    "--distributed": (0, PER_CARD),
+    "--world-size": (1, "give the processes per node and the nodes: bash train.sh --nproc N --nnodes M"),
+    "--rank": (1, "give the node's rank: bash train.sh --node-rank R (torchrun numbers the processes)"),
+    "--dist-rank": (1, "give the node's rank: bash train.sh --node-rank R (torchrun numbers the processes)"),
+    "--dist-url": (1, "give the rendezvous host: bash train.sh --master-addr HOST --master-port PORT"),
+    "--dist-backend": (1, "drop it: the backend follows the device (hccl on npu, nccl on cuda, gloo on "
+                          "cpu; see --device)"),
+    "--addr": (1, "give it to the launcher: bash train.sh --addr HOST (= --master-addr HOST)"),
+    "--device-list": (1, "give it to the launcher: bash train.sh --device-list 0,1,.. (a process per card)"),
+    "--device_list": (1, "give it to the launcher: bash train.sh --device_list 0,1,.. (a process per card)"),
+    "--device_id": (1, "give it to the launcher: bash train.sh --device_id N (one process on card N)"),
+    "--device-id": (1, "give it to the launcher: bash train.sh --device-id N (one process on card N)"),
+    "--gpu": (1, "give it to the launcher: bash train.sh --gpu N (one process on card N)"),
+    "--start-epoch": (1, "resume instead: --resume FILE|auto (the epoch comes from the checkpoint)"),
+}
+
+
+def refusal(guidance):
+    class Refuse(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            raise UsageError(f"{option_string}: train.py does not take it; {guidance}")
+    return Refuse
+
+
+def build_parser(description=None):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--config", help="YAML config (default: demo.yaml without --data, "
+                   "synthetic.yaml with --data synthetic, imagenet.yaml with a folder)")
+    p.add_argument("--optimizer", choices=["standard", "fused"], help="optim.impl")
+    p.add_argument("--data", help="ImageFolder root with train/ and val/, 'synthetic' or 'digits'")
+    p.add_argument("--device", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--amp", choices=AMP_LEVELS, help="amp.level")
+    p.add_argument("--epochs", type=int, help="train.epochs")
+    p.add_argument("--output", help="run directory (default runs/<config>-<optimizer>)")
+    p.add_argument("--resume", help="checkpoint to resume from, or 'auto' for the newest in --output")
+    p.add_argument("-e", "--evaluate", action="store_true",
+                   help="only evaluate (weights from --resume or model.pretrained)")
+    p.add_argument("--profile", action="store_true", default=None,
+                   help="write a profiler trace of a few steps to <output>/profile (TensorBoard)")
+    p.add_argument("positionals", nargs="*", metavar="DIR | key.sub=value",
+                   help="the data folder (as main.py DIR; same as --data), and any config setting")
+    add_dialect_flags(p)
+    return p
+
+
+def add_dialect_flags(p):
+    g = p.add_argument_group(
+        "flags of pytorch/examples imagenet/main.py and Ascend ModelZoo's main.py",
+        "Each sets one setting with the meaning it has there; the log and config.yaml "
+        "(derived.command_line) say what each became. Per node means over this node's processes "
+        "(torchrun's LOCAL_WORLD_SIZE, 1 without torchrun).")
+    g.add_argument("-b", "--batch-size", type=int, metavar="N",
+                   help="the batch of this node's processes together, divided among them "
+                        "(data.batch_size is per process); must divide evenly")
+    g.add_argument("--lr", "--learning-rate", type=float, dest="learning_rate", metavar="LR",
+                   help="the learning rate, used as given (optim.lr; optim.lr_scale_batch=0)")
+    g.add_argument("--momentum", type=float, metavar="M", help="optim.momentum")
+    g.add_argument("--wd", "--weight-decay", type=float, dest="weight_decay", metavar="W",
+                   help="optim.weight_decay")
+    g.add_argument("-j", "--workers", type=int, metavar="N",
+                   help="loader workers of this node, divided among its processes rounding up "
+                        "(data.workers is per process)")
+    g.add_argument("-p", "--print-freq", type=int, metavar="N", help="train.log_every")
+    g.add_argument("--seed", type=int, help="seed")
+    g.add_argument("--dummy", action="store_true", default=None, help="synthetic data (--data synthetic)")
+    g.add_argument("--no-accel", action="store_true", default=None, help="train on the cpu (--device cpu)")
+    g.add_argument("-a", "--arch", metavar="ARCH",
+                   help="mobilenet, mobilenet_v1 or mobilenetv1 (the one model here); others refused")
+    g.add_argument("--pretrained", action="store_true", default=None,
+                   help="refused: main.py downloads torchvision weights; here pass model.pretrained=FILE")
+    g.add_argument("--apex", action="store_true", default=None,
+                   help="mixed precision at --apex-opt-level (default O1): amp.level; apex where "
+                        "importable, else torch's native amp (amp.backend=auto)")
+    g.add_argument("--apex-opt-level", "--opt-level", choices=AMP_LEVELS, dest="opt_level",
+                   help="amp.level, with --apex")
+    g.add_argument("--loss-scale-value", type=float, metavar="S",
+                   help="static loss scale, -1 for dynamic (amp.loss_scale), with --apex")
+    g.add_argument("--max_steps", "--max-steps", "--stop-step-num", type=int, dest="max_steps",
+                   metavar="N", help="stop after N training steps in all (train.max_steps)")
+    launch = p.add_argument_group("their launcher flags", "refused by train.py, each naming what to run "
+                                  "instead; train.sh maps --addr, --device-list and --device_id/--gpu")
+    for flag, (nargs, guidance) in REFUSED.items():
+        launch.add_argument(flag, nargs=nargs, metavar="X", action=refusal(guidance), help=guidance)
+
+
+def node_processes():
+    """Processes of this run on this node: torchrun's LOCAL_WORLD_SIZE, 1 without torchrun."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def dialect_settings(args, processes):
+    """[(origin, {setting: value}, note)] for the dialect flags given; ``note`` says what a flag
+    with a per-node meaning became per process (for the log and derived.command_line)."""
+    found = []
+
+    def add(origin, settings, note=None):
+        found.append((origin, settings,
+                      note or f"{origin} = " + ", ".join(f"{k}={v}" for k, v in settings.items())))
+    if args.batch_size is not None:
+        if args.batch_size % processes:
+            raise UsageError(f"-b/--batch-size {args.batch_size}: the batch of this node's {processes} "
+                             f"processes must divide among them; pass a multiple of {processes}")
+        per_process = args.batch_size // processes
+        add(f"-b/--batch-size {args.batch_size}", {"data.batch_size": per_process},
+            f"-b/--batch-size {args.batch_size} for the node = data.batch_size {per_process} per "
+            f"process x {processes}")
+    if args.learning_rate is not None:
+        add(f"--lr {args.learning_rate:g}", {"optim.lr": args.learning_rate, "optim.lr_scale_batch": 0})
+    for value, flag, key in ((args.momentum, "--momentum", "optim.momentum"),
+                             (args.weight_decay, "--wd/--weight-decay", "optim.weight_decay"),
+                             (args.print_freq, "-p/--print-freq", "train.log_every"),
+                             (args.seed, "--seed", "seed"),
+                             (args.max_steps, "--max_steps/--stop-step-num", "train.max_steps")):
+        if value is not None:
+            add(f"{flag} {value:g}", {key: value})
+    if args.workers is not None:
+        per_process = math.ceil(args.workers / processes)
+        add(f"-j/--workers {args.workers}", {"data.workers": per_process},
+            f"-j/--workers {args.workers} for the node = data.workers {per_process} per process x "
+            f"{processes}")
+    if args.dummy:
+        add("--dummy", {"data.path": "synthetic"})
+    if args.no_accel:
+        add("--no-accel", {"device": "cpu"})
+    if args.arch is not None and args.arch.lower() not in ARCH_NAMES:
+        raise UsageError(f"-a/--arch {args.arch}: this app trains MobileNetV1 only (mobilenet, "
+                         f"mobilenet_v1 or mobilenetv1); width and resolution are model.width_mult "
+                         f"and model.resolution")
+    if args.pretrained:
+        raise UsageError("--pretrained: main.py downloads torchvision's weights; here start from a "
+                         "checkpoint file (ours or ModelZoo's): model.pretrained=FILE")
+    add_amp(args, add)
+    return found
+
+
+def add_amp(args, add):
+    """--apex [--apex-opt-level L] [--loss-scale-value S], as ModelZoo's main.py reads them."""
+    if not args.apex:
+        for value, flag in ((args.opt_level, "--apex-opt-level"), (args.loss_scale_value, "--loss-scale-value")):
+            if value is not None:
+                raise UsageError(f"{flag} applies with --apex only (main.py ignores it without); add "
+                                 f"--apex, or use --amp {AMP_LEVELS[1]}|{AMP_LEVELS[2]}")
+        return
+    level = args.opt_level or "O1"
+    add(f"--apex{' --apex-opt-level ' + args.opt_level if args.opt_level else ''}", {"amp.level": level})
+    if args.loss_scale_value is not None:
+        scale = "dynamic" if args.loss_scale_value == -1 else args.loss_scale_value
+        add(f"--loss-scale-value {args.loss_scale_value:g}", {"amp.loss_scale": scale})
+
+
+def split_positionals(positionals):
+    """(data folder or None, key.sub=value overrides): a positional without '=' is the folder."""
+    overrides = [p for p in positionals if OVERRIDE.match(p)]
+    folders = [p for p in positionals if not OVERRIDE.match(p)]
+    if len(folders) > 1:
+        raise UsageError(f"one data folder at most, got {' '.join(folders)} (settings are key.sub=value)")
+    return (folders[0] if folders else None), overrides
+
+
+def default_config(data):
+    if data is None or data == "digits":
+        return CONFIGS / "demo.yaml"
+    return CONFIGS / ("synthetic.yaml" if data == "synthetic" else "imagenet.yaml")
+
+
+def flag_settings(args, folder, processes):
+    """{setting: (value, origin)} from every flag and the positional folder, and the notes; two
+    flags that set one setting to different values are a UsageError."""
+    sources = [(FLAGS[key], {key: getattr(args, FLAGS[key].removeprefix("--"))}, None) for key in FLAGS]
+    sources.append(("DIR (positional)", {"data.path": folder}, None))
+    sources += dialect_settings(args, processes)
+    chosen, notes = {}, []
+    for origin, settings, note in sources:
+        for key, value in settings.items():
+            if value is None:
+                continue
+            value = coerce_setting(key, value, origin)
+            if key in chosen and chosen[key][0] != value:
+                raise UsageError(f"{chosen[key][1]} and {origin} contradict each other ({key}); give one")
+            chosen[key] = (value, origin)
+        if note:
+            notes.append(note)
+    return chosen, notes
+
+
+def check_overrides(chosen, overrides):
+    """A key.sub=value that contradicts a flag given for the same setting is a UsageError."""
+    for text in overrides:
+        key, value = parse_override(text)
+        if key in chosen:
+            value = coerce_setting(key, value, f"override '{text}'")
+            if value != chosen[key][0]:
+                raise UsageError(f"{chosen[key][1]} and {text} contradict each other; give one")
+
+
+def config_from_args(args):
+    """The resolved config: the recipe, the flags, then the key=value overrides."""
+    folder, overrides = split_positionals(args.positionals)
+    chosen, notes = flag_settings(args, folder, node_processes())
+    check_overrides(chosen, overrides)
+    data = chosen.get("data.path", (None,))[0]
+    config_path = Path(args.config) if args.config else default_config(data)
+    settings = {key: value for key, (value, _) in chosen.items()}
+    return resolve(build_config(config_path, overrides, settings), name=config_path.stem,
+                   command_line=notes)
