@@ -83,6 +83,8 @@ DEFAULTS = {
                                    # so a crash without a signal loses at most this much work
         "measure_breakdown": False,  # time data waits and optimizer steps (syncs the device)
         "profile": False,          # torch.profiler trace of steps 2-6 in <output>/profile
+        "compile": False,          # torch.compile the model's forward and backward (inductor with
+                                   # CUDA graphs on cuda, inductor on cpu, torchair on npu)
         "freeze_bn": False,        # BatchNorm uses running statistics while training (fine-tuning
                                    # with small per-card batches; makes results batch-split invariant)
     },
@@ -98,7 +100,8 @@ CHOICES = {
     "amp.backend": {"auto", "apex", "native"},
 }
 FLAGS = {"optim.impl": "--optimizer", "data.path": "--data", "device": "--device", "amp.level": "--amp",
-         "train.epochs": "--epochs", "output": "--output", "train.profile": "--profile"}
+         "train.epochs": "--epochs", "output": "--output", "train.profile": "--profile",
+         "train.compile": "--compile"}
 AUTO_OR_BOOL = {"model.channels_last", "optim.foreach"}
 # The interval every number must lie in (each element of a list), as the message shows it.
 RANGES = {
@@ -291,7 +294,7 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
     what the flags of other scripts' dialects became (mobilenet.cli), kept for the log.
     """
     from mobilenet.amp import choose_backend
-    from mobilenet.device import choose_device
+    from mobilenet.device import choose_device, compile_backend
     from mobilenet.distributed import world_from_env
     from mobilenet.optim import choose_implementation
 
@@ -309,6 +312,8 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
                                            foreach=optim["foreach"]),
         "amp_backend": choose_backend(amp["level"], amp["backend"]),
         "command_line": list(command_line),
+        # torch.compile's backend and mode for the device, or None: eager
+        "compile": compile_backend(device) if cfg["train"]["compile"] else None,
     }
     check_combinations(cfg, derived)
     resolved = copy.deepcopy(cfg)
@@ -329,6 +334,12 @@ def check_combinations(cfg, derived):
     if cfg["schedule"]["min_lr"] > derived["lr"]:
         raise UsageError(f"schedule.min_lr={cfg['schedule']['min_lr']:g} is above the learning rate "
                          f"{derived['lr']:g}; it is the floor the cosine schedule decays to")
+    if cfg["train"]["compile"] and derived["amp_backend"] == "apex":
+        raise UsageError("train.compile: apex amp patches the model and optimizer as it runs, which "
+                         "torch.compile cannot trace; use amp.backend=native or leave compile off")
+    if cfg["train"]["compile"] and cfg["train"]["measure_breakdown"]:
+        raise UsageError("train.measure_breakdown times and counts the step's phases eagerly; leave "
+                         "train.compile off to measure them")
     if cfg["optim"]["impl"] == "fused" and cfg["optim"]["foreach"] != "auto":
         raise UsageError("optim.foreach chooses between the loop and foreach of optim.impl=standard; "
                          "leave it at auto with optim.impl=fused")

@@ -1,6 +1,8 @@
 """Backends: npu (torch_npu, imported lazily), cuda and cpu."""
 import importlib
+import importlib.util
 import os
+import shutil
 
 import torch
 
@@ -30,6 +32,31 @@ def choose_device(name):
     if name == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is visible")
     return name
+
+
+def compile_backend(device_type):
+    """torch.compile's {backend, mode} for a device type (train.compile): inductor with CUDA graphs
+    on cuda (the step's launches collapse into one replay), inductor's C++ code on cpu (needs a
+    C++ compiler), torch_npu's torchair on npu; a UsageError where that is missing."""
+    if device_type == "cuda":
+        return {"backend": "inductor", "mode": "reduce-overhead"}
+    if device_type == "npu":
+        if importlib.util.find_spec("torchair") is None:
+            raise UsageError("train.compile on npu needs torchair (torch_npu's torch.compile backend), "
+                             "which is not installed; leave train.compile off")
+        return {"backend": "torchair", "mode": None}
+    if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+        raise UsageError("train.compile on cpu: inductor needs a C++ compiler (g++ or clang++, or CXX), "
+                         "and none was found; install one or leave train.compile off")
+    return {"backend": "inductor", "mode": None}
+
+
+def compiled(module, backend, mode):
+    """``module`` under torch.compile with the resolved backend (torchair's built here, on npu)."""
+    if backend == "torchair":  # unrun here: no Ascend device
+        import torchair
+        return torch.compile(module, backend=torchair.get_npu_backend())
+    return torch.compile(module, backend=backend, mode=mode)
 
 
 def open_device(device_type, local_rank=0):
@@ -63,16 +90,28 @@ def peak_memory_mb(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpuinfo_field(name):
+    """The first value of ``name`` in /proc/cpuinfo ('' where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo
+                         if line.split(":", 1)[0].strip() == name), "")
+    except OSError:
+        return ""
+
+
 def cpu_bf16_features():
     """The bfloat16 matrix and vector units of this CPU that torch's kernels use (AMX, AVX512-BF16),
     from the kernel's /proc/cpuinfo flags; [] elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = next(line for line in cpuinfo if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return []
+    flags = cpuinfo_field("flags").split()
     return [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"))
             if flag in flags]
+
+
+def cpu_model():
+    """The CPU and its bfloat16 units, for benchmark tables: 'CPU AMD EPYC, bf16 units: none'."""
+    return (f"CPU {cpuinfo_field('model name') or 'unknown'}, bf16 units: "
+            f"{', '.join(cpu_bf16_features()) or 'none'}")
 
 
 def describe(device):

@@ -17,12 +17,13 @@ from mobilenet.bench import OtherLoad, StepBreakdown, profiler
 from mobilenet.config import thaw
 from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
 from mobilenet.data.datasets import WorkerSignals, unreadable_flags
-from mobilenet.device import describe, device_module, open_device, peak_memory_mb, synchronize
+from mobilenet.amp import bf16_hint
+from mobilenet.device import cpu_bf16_features, describe, device_module, open_device, peak_memory_mb, synchronize
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, destroy, host_group,
                                    init_process_group, world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError
 from mobilenet.logging import RunLogger, accuracy_line, progress_line
-from mobilenet.optim import build_scheduler, describe_optimizer
+from mobilenet.optim import build_scheduler, describe_optimizer, plain_numbers
 from mobilenet.step import TrainStep, build_train_step
 
 
@@ -45,9 +46,13 @@ class Run:
     best_top1: float = 0.0
     val_seconds: float = 0.0   # the last validation's duration (for the ETA)
     slow_data_intervals: int = 0  # consecutive log intervals spent mostly waiting for data
+    compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
 
 
 DATA_WAIT_HINT = (0.3, 3)  # a share of the step and a number of consecutive log intervals
+# Steps that compile under train.compile: the model and the optimizer at the first, the optimizer
+# again at the second (its momentum/moment state exists from then on, another code path).
+COMPILE_STEPS = 2
 
 
 class StopOnSignal:
@@ -145,12 +150,15 @@ def build_run(cfg, world, device):
              f"{steps} steps/epoch, lr {derived['lr']:g}{scaled}")
     for note in derived["command_line"]:
         log.info(f"command line: {note}")
+    hint = bf16_hint(cfg, cpu_bf16_features())
+    if hint:
+        log.info(hint)
     breakdown = None
     if cfg["train"]["measure_breakdown"]:
         breakdown = StepBreakdown(device)
         train_step.phase = breakdown.phase
     return Run(cfg, world, device, train_step, scheduler, train_loader, val_loader, log, steps,
-               worker_signals, breakdown)
+               worker_signals, breakdown, compile_steps=COMPILE_STEPS if derived["compile"] else 0)
 
 
 def start_outputs(r):
@@ -305,6 +313,7 @@ class EpochMeter:
         self.interval_steps = 0
         self.wait_s = self.interval_wait_s = 0.0
         self.steady = None  # (time, step) at the end of the first logged interval
+        self.compile_s = 0.0
         self.seconds = 0.0
 
     def batches(self, loader):
@@ -337,8 +346,8 @@ class EpochMeter:
         loss = all_reduce_sum(self.loss_sum).item() / self.interval_steps / r.world.size
         check_finite(r, loss)
         seconds = now - self.interval_start
-        if self.steady is None:
-            self.steady = (self.interval_start, self.first)
+        if self.steady is None:  # the first interval, warm-up included, is its own rate once
+            self.steady = (now, r.step)
             steady_time, steady_steps = seconds, self.interval_steps
         else:
             steady_time, steady_steps = now - self.steady[0], r.step - self.steady[1]
@@ -347,7 +356,7 @@ class EpochMeter:
         after_epoch = total_steps(r) - epoch_end  # steps of the epochs after this one
         eta_epoch = (epoch_end - steps_done(r)) * step_time + r.val_seconds
         eta_run = eta_epoch + after_epoch * step_time + math.ceil(after_epoch / r.steps) * r.val_seconds
-        lr = r.train_step.optimizer.param_groups[0]["lr"]
+        lr = float(r.train_step.optimizer.param_groups[0]["lr"])  # a tensor under train.compile
         extras = {k: float(v) for k, v in r.train_step.metrics().items()}
         img_per_s, data_wait = batch * self.interval_steps / seconds, self.interval_wait_s / seconds
         hint_data_wait(r, data_wait)
@@ -358,6 +367,18 @@ class EpochMeter:
                      img_per_s=img_per_s, data_wait=data_wait, **extras)
         self.loss_sum.zero_()
         self.interval_start, self.interval_steps, self.interval_wait_s = now, 0, 0.0
+
+    def leave_out_compile_step(self, last):
+        """After a step that compiled: the clocks start again; after the ``last``, the time all
+        took is logged apart."""
+        synchronize(self.r.device)
+        now = time.perf_counter()
+        self.compile_s += now - self.start
+        if last:
+            self.r.log.info(f"compile: the first steps took {self.compile_s:.1f} s (tracing and code "
+                            f"generation), left out of the rates")
+        self.start = self.interval_start = now
+        self.first, self.wait_s, self.interval_wait_s = self.r.step, 0.0, 0.0
 
     def totals(self):
         """Images all processes trained, seconds and data wait of this epoch."""
@@ -379,7 +400,8 @@ def hint_data_wait(r, data_wait):
 
 def train_one_epoch(r, stop, prof, run_start, after_step):
     """Trains from batch ``r.step`` to the end of the epoch, or until ``stop`` says so.
-    ``after_step``: the periodic checkpoint."""
+    ``after_step``: the periodic checkpoint. Steps that compile (``r.compile_steps``) are timed
+    apart and left out of the rates."""
     cfg = r.cfg["train"]
     r.train_step.train(freeze_bn=cfg["freeze_bn"])
     r.train_loader.sampler.set_epoch(r.epoch, r.step * r.cfg["data"]["batch_size"])
@@ -388,10 +410,13 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
         loss = r.train_step(images, labels)
         r.scheduler.step()
         r.step += 1
-        meter.add(loss)
-        at_log = r.step % cfg["log_every"] == 0 or r.step == r.steps or finished(r)
-        if at_log:
-            meter.log()
+        if r.compile_steps and r.step < r.steps and not finished(r):  # an epoch's last step stays
+            r.compile_steps -= 1
+            meter.leave_out_compile_step(last=r.compile_steps == 0)
+        else:
+            meter.add(loss)
+            if r.step % cfg["log_every"] == 0 or r.step == r.steps or finished(r):
+                meter.log()
         after_step()
         prof.step()
         if finished(r) or stop.should_stop():  # the same on every rank, so the reduction stays paired
@@ -458,7 +483,7 @@ def rng_states(device):
 def checkpoint_state(r):
     return {"epoch": r.epoch, "step": r.step, "rng": rng_states(r.device), "arch": "mobilenet_v1",
             **r.train_step.state_dict(), "best_prec1": r.best_top1,
-            "scheduler": r.scheduler.state_dict(), "config": thaw(r.cfg)}
+            "scheduler": plain_numbers(r.scheduler.state_dict()), "config": thaw(r.cfg)}
 
 
 def restore(r, resume, fallback=None):

@@ -90,6 +90,28 @@ def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight
     return algorithm.torch_class(groups, **flag[implementation], **kwargs)
 
 
+def hold_lr_in_tensors(optimizer):
+    """Each group's LR as a 0-dim tensor on its parameters' device, which the LR scheduler then
+    updates in place: a compiled optimizer step reads it instead of baking a float into its code
+    and recompiling at every change (torch's recipe for compiled optimizers)."""
+    for group in optimizer.param_groups:
+        group["lr"] = torch.tensor(float(group["lr"]), device=group["params"][0].device)
+
+
+def plain_numbers(state):
+    """``state`` (an optimizer's or scheduler's state dict) with its one-element tensors outside
+    the per-parameter state as floats, as an eager run writes them: checkpoints load either way."""
+    def plain(value):
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return value.item()
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+    return {k: (v if k == "state" else plain(v)) for k, v in state.items()}
+
+
 def describe_optimizer(name, implementation):
     """What runs, for the log and summary.json: e.g. 'SGD (fused kernel)'."""
     algorithm = ALGORITHMS[name]

@@ -1,16 +1,19 @@
 """TrainStep: the training step and everything it owns, built once from the resolved config."""
 import contextlib
+import types
 
 import torch
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from mobilenet.amp import build_precision
 from mobilenet.checkpoint import load_checkpoint
+from mobilenet.device import compiled
 from mobilenet.distributed import wrap_ddp
+from mobilenet.ema import WeightEMA
 from mobilenet.errors import UsageError
 from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
-from mobilenet.optim import build_optimizer, hyperparameters, zero_grad_to_none
+from mobilenet.optim import (build_optimizer, hold_lr_in_tensors, hyperparameters, plain_numbers,
+                             zero_grad_to_none)
 
 NO_PHASE = contextlib.nullcontext()
 
@@ -26,16 +29,15 @@ class TrainStep:
     Owns the model (``net`` bare, ``model`` as called: DDP-wrapped in distributed runs), the
     optimizer (``implementation``: loop|foreach|fused|npu_fused, as resolved), the precision (amp
     level, loss scaling, O2 masters) and the EMA. The step reads nothing back to the host, except
-    the loss scaler's overflow check for optimizers without a device-side skip and the EMA's first
-    update (both documented there). ``phase``: a function name -> context manager that wraps each
+    the loss scaler's overflow check for optimizers without a device-side skip (documented there). ``phase``: a function name -> context manager that wraps each
     phase (timing and op counts in mobilenet.bench); a no-op by default.
     """
 
     def __init__(self, *, net, model, optimizer, precision, criterion, implementation, algorithm="sgd",
-                 ema=None):
+                 ema=None, compiled=False):
         self.net, self.model, self.optimizer = net, model, optimizer
         self.precision, self.criterion, self.ema = precision, criterion, ema
-        self.implementation, self.algorithm = implementation, algorithm
+        self.implementation, self.algorithm, self.compiled = implementation, algorithm, compiled
         self.set_to_none = zero_grad_to_none(implementation)
         self.phase = no_phase
 
@@ -55,7 +57,7 @@ class TrainStep:
             precision.zero_grad(self.net, optimizer, self.set_to_none)
         if self.ema is not None:
             with phase("ema"):
-                self.ema.update_parameters(self.net)
+                self.ema.update()
         return loss.detach()
 
     def train(self, freeze_bn=False):
@@ -76,7 +78,7 @@ class TrainStep:
     def state_dict(self):
         """Weights (fp32: the masters under O2), optimizer, amp and EMA state, ModelZoo's keys."""
         return {"state_dict": self.precision.weights(self.net),
-                "optimizer": self.optimizer.state_dict(), "amp": self.precision.state_dict(),
+                "optimizer": plain_numbers(self.optimizer.state_dict()), "amp": self.precision.state_dict(),
                 "ema": self.ema.state_dict() if self.ema is not None else None}
 
     def load_state_dict(self, state, source="checkpoint"):
@@ -87,6 +89,8 @@ class TrainStep:
         if state.get("optimizer") and state.get("scheduler"):
             self.check_resumable(state, source)
             self.optimizer.load_state_dict(state["optimizer"])
+            if self.compiled:  # load_state_dict put the saved float LRs in place of the tensors
+                hold_lr_in_tensors(self.optimizer)
             self.precision.load_state_dict(state.get("amp") or {})
             if self.ema is not None and state.get("ema"):
                 self.ema.load_state_dict(state["ema"])
@@ -123,9 +127,15 @@ def build_train_step(cfg, device):
                                 no_decay_bn_bias=optim["no_decay_bn_bias"], **hyperparameters(optim))
     net, optimizer = precision.initialize(net, optimizer)
     decay = cfg["train"]["ema_decay"]
-    # AveragedModel reads its first-update flag back to the host (torch's code), once per step
-    ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True) if decay > 0 else None
-    return TrainStep(net=net, model=wrap_ddp(net, derived["world_size"], device), optimizer=optimizer,
+    ema = WeightEMA(net, decay) if decay > 0 else None
+    model = wrap_ddp(net, derived["world_size"], device)
+    if derived["compile"]:  # net stays eager: checkpoints keep their keys, validation runs it
+        model = compiled(model, **derived["compile"])
+        if derived["optimizer"] != "npu_fused":  # NpuFused* manage their own combined buffers
+            hold_lr_in_tensors(optimizer)
+            # a bound method again, as LR schedulers expect to find and wrap
+            optimizer.step = types.MethodType(torch.compile(type(optimizer).step), optimizer)
+    return TrainStep(net=net, model=model, optimizer=optimizer, compiled=derived["compile"] is not None,
                      precision=precision, ema=ema, implementation=derived["optimizer"],
                      algorithm=optim["name"],
                      criterion=nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"]))

@@ -55,3 +55,15 @@ def test_progress_lines_carry_elapsed_time_and_etas(logged_run):
     assert all(run >= epoch for epoch, run, _ in times)
     assert times[-1][0] == times[-1][1]  # in the last epoch, the run ends with the epoch
     assert [t[2] for t in times] == sorted(t[2] for t in times)
+
+
+def test_running_img_per_s_leaves_out_the_first_interval(logged_run):
+    """Two log intervals an epoch: the first line shows its own interval's rate, the second the
+    rate since the first ended (the warm-up interval left out), i.e. the second interval's."""
+    log, out = logged_run
+    rates = [r["img_per_s"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "train"]  # each interval's own rate, in the order of the lines
+    lines = [line for line in log.read_text().splitlines() if line.startswith("Epoch:")]
+    assert len(lines) == len(rates) == 4
+    for line, rate in zip(lines, rates):
+        assert float(line.split()[8]) == pytest.approx(rate, abs=0.051), line

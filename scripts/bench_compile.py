@@ -1,0 +1,66 @@
+"""Training img/s with train.compile (torch.compile of the model's forward and backward) against
+eager, under amp O0 and O1, on the demo model and on the full model.
+
+python scripts/bench_compile.py [--models demo full] [--levels O0 O1] [--dtype bfloat16]
+                                [--rounds 3] [--steps 12] [--json FILE] [key.sub=value ...]
+demo: the bundled demo recipe (width 0.25 at 32, batch 32); full: width 1.0 at 224, batch 16,
+synthetic images. Each variant is a short run of the app's own loop in this process (img/s after
+its first log interval; a compiled run's first step, which compiles, is left out as in any run).
+Compilation happens once per graph in the process, so it stays out of every round. Variants take
+turns for --rounds rounds (reversed every other round); the table shows medians with min-max and
+the ratio to eager of the same model and level. Rounds in which other processes took over a
+quarter of the machine are dropped.
+"""
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = {"demo": (ROOT / "configs" / "demo.yaml", ["data.path=digits"]),
+          "full": (ROOT / "configs" / "synthetic.yaml",
+                   ["model.width_mult=1.0", "model.resolution=224", "data.batch_size=16", "data.workers=0"])}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--levels", nargs="+", default=["O0", "O1"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--log-every", type=int, default=4)
+    p.add_argument("--json")
+    args, overrides = p.parse_known_args(argv)
+    from mobilenet.bench import interleave, training_img_per_s
+    from mobilenet.device import cpu_model
+    variants = {}
+    for model in args.models:
+        config, settings = MODELS[model]
+        for level in args.levels:
+            for mode in ("eager", "compiled"):
+                extra = [*settings, f"amp.level={level}", f"amp.dtype={args.dtype}", "amp.backend=native",
+                         f"train.compile={mode == 'compiled'}", *overrides]
+                variants[f"{model} {level} {mode}"] = (lambda config=config, extra=extra: training_img_per_s(
+                    config, extra, steps=args.steps, log_every=args.log_every))
+    for measure in variants.values():  # compile every graph once, before the rounds
+        measure()
+    rounds = interleave(variants, args.rounds)
+    print(f"{cpu_model()}; amp dtype {args.dtype}; {rounds.describe()}")
+    print("| model | amp | step | img/s (median, min-max) | vs eager (median, min-max) |\n|---|---|---|---|---|")
+    rows = []
+    for name in variants:
+        model, level, mode = name.split()
+        low, high = rounds.spread(name)
+        ratio = rounds.ratio(name, f"{model} {level} eager")
+        rows.append({"model": model, "amp": level, "step": mode, "img_per_s": rounds.median(name),
+                     "spread": [low, high], "vs_eager": ratio[0], "vs_eager_spread": ratio[1:]})
+        print(f"| {model} | {level} | {mode} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | "
+              f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f}) |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cpu": cpu_model(), "rows": rows, **rounds.to_json()},
+                                              indent=2) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
