@@ -13,18 +13,18 @@ import torch
 import yaml
 
 from mobilenet import checkpoint as ckpt
-from mobilenet.bench import OtherLoad, StepBreakdown, profiler
-from mobilenet.config import thaw
-from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
-from mobilenet.data.datasets import WorkerSignals, unreadable_flags
 from mobilenet.amp import bf16_hint
-from mobilenet.device import cpu_bf16_features, describe, device_module, open_device, peak_memory_mb, synchronize
+from mobilenet.config import thaw
+from mobilenet.data import build_datasets, build_loaders
+from mobilenet.data.datasets import WorkerSignals, unreadable_flags
+from mobilenet.device import cpu_bf16_features, describe, open_device, peak_memory_mb, synchronize
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, destroy, host_group,
                                    init_process_group, world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError
 from mobilenet.logging import RunLogger, accuracy_line, progress_line
-from mobilenet.optim import build_scheduler, describe_optimizer, plain_numbers
-from mobilenet.step import TrainStep, build_train_step
+from mobilenet.measure import OtherLoad, StepBreakdown, profiler
+from mobilenet.optim import describe_optimizer
+from mobilenet.training import TrainingState
 
 
 @dataclass
@@ -33,17 +33,13 @@ class Run:
     cfg: dict
     world: object
     device: torch.device
-    train_step: TrainStep
-    scheduler: object
+    state: TrainingState       # the step, schedule and position: everything a resume restores
     train_loader: object
     val_loader: object
     log: RunLogger
     steps: int                 # per epoch (fixed: the loader shortens when resuming mid-epoch)
     worker_signals: WorkerSignals
     breakdown: StepBreakdown | None = None
-    epoch: int = 0             # epochs completed
-    step: int = 0              # batches done in the epoch under way
-    best_top1: float = 0.0
     val_seconds: float = 0.0   # the last validation's duration (for the ETA)
     slow_data_intervals: int = 0  # consecutive log intervals spent mostly waiting for data
     compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
@@ -92,6 +88,9 @@ def run(cfg, *, resume=None, evaluate_only=False):
     if evaluate_only and not (resume or cfg["model"]["pretrained"]):
         raise UsageError("--evaluate needs weights: --resume FILE or model.pretrained=FILE")
     world = world_from_env()
+    if world.size != cfg["derived"]["world_size"]:  # resolve() decided it; the processes must agree
+        raise UsageError(f"the config was resolved for {cfg['derived']['world_size']} process(es), but "
+                         f"{world.size} run: resolve it in the processes that train")
     fallback = None
     if world.restart and not evaluate_only:
         resume, fallback = "auto", resume
@@ -132,14 +131,12 @@ def build_run(cfg, world, device):
     derived, data = cfg["derived"], cfg["data"]
     log = RunLogger(Path(cfg["output"]), enabled=world.is_main)
     train_set, val_set = build_datasets(data, cfg["model"])
-    train_step = build_train_step(cfg, device)
     worker_signals = WorkerSignals()
     train_loader, val_loader = build_loaders(train_set, val_set, data, cfg["seed"], world.rank,
                                              world.size, device.type != "cpu", worker_signals)
     limit = cfg["train"]["max_steps_per_epoch"]
     steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
-    scheduler = build_scheduler(train_step.optimizer, schedule=cfg["schedule"], base_lr=derived["lr"],
-                                steps_per_epoch=steps, epochs=cfg["train"]["epochs"])
+    state = TrainingState(cfg, device, steps)
     optim = cfg["optim"]
     log.info(f"device {describe(device)}, {world.size} process(es); optimizer "
              f"{describe_optimizer(optim['name'], derived['optimizer'])}; amp {cfg['amp']['level']} "
@@ -156,8 +153,8 @@ def build_run(cfg, world, device):
     breakdown = None
     if cfg["train"]["measure_breakdown"]:
         breakdown = StepBreakdown(device)
-        train_step.phase = breakdown.phase
-    return Run(cfg, world, device, train_step, scheduler, train_loader, val_loader, log, steps,
+        state.train_step.phase = breakdown.phase
+    return Run(cfg, world, device, state, train_loader, val_loader, log, steps,
                worker_signals, breakdown, compile_steps=COMPILE_STEPS if derived["compile"] else 0)
 
 
@@ -181,8 +178,8 @@ def already_complete(r):
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     train = r.cfg["train"]
     cap = f", {train['max_steps']} steps at most (train.max_steps)" if train["max_steps"] else ""
-    r.log.info(f"{r.cfg['output']} is complete: {r.epoch} of {train['epochs']} epochs{cap} trained "
-               f"(best top-1 {r.best_top1:.3f}); nothing to do. To train longer, raise --epochs"
+    r.log.info(f"{r.cfg['output']} is complete: {r.state.epoch} of {train['epochs']} epochs{cap} trained "
+               f"(best top-1 {r.state.best_top1:.3f}); nothing to do. To train longer, raise --epochs"
                f"{' or train.max_steps' if cap else ''}.")
     return summary
 
@@ -199,13 +196,13 @@ def fit(r):
 
     def save_if_due():
         if periodic.due():
-            saver.save_last(checkpoint_state(r))
+            saver.save_last(r.state.state_dict())
     with StopOnSignal(r.world) as stop, r.worker_signals.protect(), trace as prof:
         while not finished(r):
             meter = train_one_epoch(r, stop, prof, run_start, save_if_due)
             for key, value in meter.totals().items():  # images, seconds, data_wait_s
                 totals[key] += value
-            if r.step < r.steps and not finished(r):  # stopped by a signal mid-epoch
+            if r.state.step < r.steps and not finished(r):  # stopped by a signal mid-epoch
                 return stopped(r, saver, stop)
             results = end_epoch(r, saver, epoch_seconds=meter.seconds)
             if not finished(r) and stop.should_stop():
@@ -214,7 +211,7 @@ def fit(r):
 
 
 def steps_done(r):
-    return r.epoch * r.steps + r.step
+    return r.state.epoch * r.steps + r.state.step
 
 
 def total_steps(r):
@@ -233,12 +230,12 @@ def end_epoch(r, saver, epoch_seconds):
     val_start = time.perf_counter()
     results = validate(r)
     r.val_seconds = time.perf_counter() - val_start
-    epoch, model = r.epoch, results[""]
-    if r.step == r.steps:
-        r.epoch, r.step = epoch + 1, 0
-    is_best = model.top1 > r.best_top1
-    r.best_top1 = max(r.best_top1, model.top1)
-    r.log.info(accuracy_line(model.top1, model.top5, f"epoch {epoch}, best {r.best_top1:.3f}; {model.note()}"))
+    epoch, model = r.state.epoch, results[""]
+    if r.state.step == r.steps:
+        r.state.epoch, r.state.step = epoch + 1, 0
+    is_best = model.top1 > r.state.best_top1
+    r.state.best_top1 = max(r.state.best_top1, model.top1)
+    r.log.info(accuracy_line(model.top1, model.top5, f"epoch {epoch}, best {r.state.best_top1:.3f}; {model.note()}"))
     ema = {}
     if "EMA" in results:
         ema = {"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5}
@@ -246,7 +243,7 @@ def end_epoch(r, saver, epoch_seconds):
     r.log.record("val", steps_done(r), epoch=epoch, top1=model.top1, top5=model.top5,
                  epoch_time_s=epoch_seconds, **ema)
     if r.world.is_main:
-        saver.save(checkpoint_state(r), r.epoch, is_best)
+        saver.save(r.state.state_dict(), r.state.epoch, is_best)
     return results
 
 
@@ -257,7 +254,7 @@ def finish(r, totals, results):
     final, seconds = results[""], totals["seconds"]
     top1 = final.top1
     steps = totals["images"] / derived["global_batch"]
-    summary = {"top1": top1, "top5": final.top5, "best_top1": r.best_top1, "epochs": r.epoch,
+    summary = {"top1": top1, "top5": final.top5, "best_top1": r.state.best_top1, "epochs": r.state.epoch,
                "steps": steps_done(r),
                "val_images_scored": final.scored,
                **({"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5} if "EMA" in results else {}),
@@ -286,9 +283,9 @@ def finish(r, totals, results):
 def stopped(r, saver, stop):
     """After SIGTERM/SIGINT: a resumable last.pt, and how to resume."""
     if r.world.is_main:
-        saver.save_last(checkpoint_state(r))
-    r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.epoch} step "
-               f"{r.step}, saved {saver.last}. Resume with the same command plus "
+        saver.save_last(r.state.state_dict())
+    r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.state.epoch} step "
+               f"{r.state.step}, saved {saver.last}. Resume with the same command plus "
                f"--output {r.cfg['output']} --resume auto")
     r.log.close()
     return None
@@ -307,7 +304,7 @@ class EpochMeter:
 
     def __init__(self, r, run_start, sync_wait):
         self.r, self.run_start, self.sync_wait = r, run_start, sync_wait
-        self.first = r.step
+        self.first = r.state.step
         self.start = self.interval_start = time.perf_counter()
         self.loss_sum = torch.zeros((), device=r.device)
         self.interval_steps = 0
@@ -320,7 +317,7 @@ class EpochMeter:
         """The epoch's remaining batches, on the device; the wait for each is timed on the host
         (after a device sync under train.measure_breakdown, so compute does not count as wait)."""
         r = self.r
-        iterator = itertools.islice(prefetch(r, loader), r.steps - self.first)
+        iterator = itertools.islice(r.state.batches(loader), r.steps - self.first)
         while True:
             if self.sync_wait:
                 synchronize(r.device)
@@ -347,23 +344,23 @@ class EpochMeter:
         check_finite(r, loss)
         seconds = now - self.interval_start
         if self.steady is None:  # the first interval, warm-up included, is its own rate once
-            self.steady = (now, r.step)
+            self.steady = (now, r.state.step)
             steady_time, steady_steps = seconds, self.interval_steps
         else:
-            steady_time, steady_steps = now - self.steady[0], r.step - self.steady[1]
+            steady_time, steady_steps = now - self.steady[0], r.state.step - self.steady[1]
         step_time = steady_time / steady_steps
-        epoch_end = min((r.epoch + 1) * r.steps, total_steps(r))
+        epoch_end = min((r.state.epoch + 1) * r.steps, total_steps(r))
         after_epoch = total_steps(r) - epoch_end  # steps of the epochs after this one
         eta_epoch = (epoch_end - steps_done(r)) * step_time + r.val_seconds
         eta_run = eta_epoch + after_epoch * step_time + math.ceil(after_epoch / r.steps) * r.val_seconds
-        lr = float(r.train_step.optimizer.param_groups[0]["lr"])  # a tensor under train.compile
-        extras = {k: float(v) for k, v in r.train_step.metrics().items()}
+        lr = float(r.state.train_step.optimizer.param_groups[0]["lr"])  # a tensor under train.compile
+        extras = {k: float(v) for k, v in r.state.train_step.metrics().items()}
         img_per_s, data_wait = batch * self.interval_steps / seconds, self.interval_wait_s / seconds
         hint_data_wait(r, data_wait)
-        r.log.info(progress_line(epoch=r.epoch, step=r.step, steps=r.steps, eta_epoch=eta_epoch,
+        r.log.info(progress_line(epoch=r.state.epoch, step=r.state.step, steps=r.steps, eta_epoch=eta_epoch,
                                  eta_run=eta_run, img_per_s=batch / step_time, data_wait=data_wait,
                                  loss=loss, lr=lr, elapsed=now - self.run_start, extras=extras))
-        r.log.record("train", steps_done(r), epoch=r.epoch, loss=loss, lr=lr,
+        r.log.record("train", steps_done(r), epoch=r.state.epoch, loss=loss, lr=lr,
                      img_per_s=img_per_s, data_wait=data_wait, **extras)
         self.loss_sum.zero_()
         self.interval_start, self.interval_steps, self.interval_wait_s = now, 0, 0.0
@@ -378,12 +375,12 @@ class EpochMeter:
             self.r.log.info(f"compile: the first steps took {self.compile_s:.1f} s (tracing and code "
                             f"generation), left out of the rates")
         self.start = self.interval_start = now
-        self.first, self.wait_s, self.interval_wait_s = self.r.step, 0.0, 0.0
+        self.first, self.wait_s, self.interval_wait_s = self.r.state.step, 0.0, 0.0
 
     def totals(self):
         """Images all processes trained, seconds and data wait of this epoch."""
         self.seconds = time.perf_counter() - self.start
-        return {"images": (self.r.step - self.first) * self.r.cfg["derived"]["global_batch"],
+        return {"images": (self.r.state.step - self.first) * self.r.cfg["derived"]["global_batch"],
                 "seconds": self.seconds, "data_wait_s": self.wait_s}
 
 
@@ -399,23 +396,21 @@ def hint_data_wait(r, data_wait):
 
 
 def train_one_epoch(r, stop, prof, run_start, after_step):
-    """Trains from batch ``r.step`` to the end of the epoch, or until ``stop`` says so.
+    """Trains from batch ``r.state.step`` to the end of the epoch, or until ``stop`` says so.
     ``after_step``: the periodic checkpoint. Steps that compile (``r.compile_steps``) are timed
     apart and left out of the rates."""
     cfg = r.cfg["train"]
-    r.train_step.train(freeze_bn=cfg["freeze_bn"])
-    r.train_loader.sampler.set_epoch(r.epoch, r.step * r.cfg["data"]["batch_size"])
+    r.state.train_step.train(freeze_bn=cfg["freeze_bn"])
+    r.train_loader.sampler.set_epoch(r.state.epoch, r.state.step * r.cfg["data"]["batch_size"])
     meter = EpochMeter(r, run_start, sync_wait=r.breakdown is not None)
     for images, labels in meter.batches(r.train_loader):
-        loss = r.train_step(images, labels)
-        r.scheduler.step()
-        r.step += 1
-        if r.compile_steps and r.step < r.steps and not finished(r):  # an epoch's last step stays
+        loss = r.state.train_on(images, labels)
+        if r.compile_steps and r.state.step < r.steps and not finished(r):  # an epoch's last step stays
             r.compile_steps -= 1
             meter.leave_out_compile_step(last=r.compile_steps == 0)
         else:
             meter.add(loss)
-            if r.step % cfg["log_every"] == 0 or r.step == r.steps or finished(r):
+            if r.state.step % cfg["log_every"] == 0 or r.state.step == r.steps or finished(r):
                 meter.log()
         after_step()
         prof.step()
@@ -427,20 +422,15 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
 
 def check_finite(r, loss_mean):
     """A non-finite loss ends the run unless dynamic loss scaling skips such steps."""
-    if not math.isfinite(loss_mean) and not r.train_step.precision.dynamic_loss_scale:
-        raise TrainingFailure(f"the loss became {loss_mean} in epoch {r.epoch} before step {r.step}: "
+    if not math.isfinite(loss_mean) and not r.state.train_step.precision.dynamic_loss_scale:
+        raise TrainingFailure(f"the loss became {loss_mean} in epoch {r.state.epoch} before step {r.state.step}: "
                               f"stopped; nothing saved after {r.cfg['output']}/checkpoints/last.pt")
-
-
-def prefetch(r, loader):
-    return DevicePrefetcher(loader, r.device, r.cfg["derived"]["channels_last"],
-                            r.train_step.precision.input_dtype)
 
 
 def validate(r):
     """{'': (top1, top5)} of the model, and {'EMA': ...} of its average when there is one."""
-    return {label: accuracy(net, prefetch(r, r.val_loader), r.train_step.precision.autocast, r.device)
-            for label, net in r.train_step.eval_nets().items()}
+    return {label: accuracy(net, r.state.batches(r.val_loader), r.state.train_step.precision.autocast, r.device)
+            for label, net in r.state.train_step.eval_nets().items()}
 
 
 class Accuracy(NamedTuple):
@@ -472,20 +462,6 @@ def accuracy(net, batches, autocast, device):
     return Accuracy(100 * top1 / max(total, 1), 100 * top5 / max(total, 1), int(total), int(left_out))
 
 
-def rng_states(device):
-    states = {"torch": torch.get_rng_state()}
-    module = device_module(device)
-    if module is not None:
-        states["device"] = module.get_rng_state()
-    return states
-
-
-def checkpoint_state(r):
-    return {"epoch": r.epoch, "step": r.step, "rng": rng_states(r.device), "arch": "mobilenet_v1",
-            **r.train_step.state_dict(), "best_prec1": r.best_top1,
-            "scheduler": plain_numbers(r.scheduler.state_dict()), "config": thaw(r.cfg)}
-
-
 def restore(r, resume, fallback=None):
     """Loads a checkpoint ('auto': the newest valid one in the run directory, else ``fallback``)."""
     if resume == "auto":
@@ -496,11 +472,5 @@ def restore(r, resume, fallback=None):
         resume, state = found or (fallback, ckpt.load_checkpoint(fallback))
     else:
         state = ckpt.load_checkpoint(resume)
-    r.train_step.load_state_dict(state, str(resume))
-    if state.get("optimizer") and state.get("scheduler"):
-        r.scheduler.load_state_dict(state["scheduler"])
-        r.epoch, r.step, r.best_top1 = state["epoch"], state["step"], float(state["best_prec1"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if "device" in state["rng"] and device_module(r.device) is not None:
-            device_module(r.device).set_rng_state(state["rng"]["device"])
-    r.log.info(f"resumed from {resume} (epoch {r.epoch}, step {r.step})")
+    r.state.load_state_dict(state, str(resume))
+    r.log.info(f"resumed from {resume} (epoch {r.state.epoch}, step {r.state.step})")

@@ -10,10 +10,8 @@ from mobilenet.checkpoint import load_checkpoint
 from mobilenet.device import compiled
 from mobilenet.distributed import wrap_ddp
 from mobilenet.ema import WeightEMA
-from mobilenet.errors import UsageError
-from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
-from mobilenet.optim import (build_optimizer, hold_lr_in_tensors, hyperparameters, plain_numbers,
-                             zero_grad_to_none)
+from mobilenet.model import MobileNetV1, load_weights
+from mobilenet.optim import build_optimizer, hold_lr_in_tensors, hyperparameters, zero_grad_to_none
 
 NO_PHASE = contextlib.nullcontext()
 
@@ -30,7 +28,7 @@ class TrainStep:
     optimizer (``implementation``: loop|foreach|fused|npu_fused, as resolved), the precision (amp
     level, loss scaling, O2 masters) and the EMA. The step reads nothing back to the host, except
     the loss scaler's overflow check for optimizers without a device-side skip (documented there). ``phase``: a function name -> context manager that wraps each
-    phase (timing and op counts in mobilenet.bench); a no-op by default.
+    phase (timing and op counts in mobilenet.measure); a no-op by default.
     """
 
     def __init__(self, *, net, model, optimizer, precision, criterion, implementation, algorithm="sgd",
@@ -74,39 +72,6 @@ class TrainStep:
 
     def metrics(self):
         return self.precision.metrics()
-
-    def state_dict(self):
-        """Weights (fp32: the masters under O2), optimizer, amp and EMA state, ModelZoo's keys."""
-        return {"state_dict": self.precision.weights(self.net),
-                "optimizer": plain_numbers(self.optimizer.state_dict()), "amp": self.precision.state_dict(),
-                "ema": self.ema.state_dict() if self.ema is not None else None}
-
-    def load_state_dict(self, state, source="checkpoint"):
-        """Weights from ``state`` (ours or ModelZoo's), and the training state where it has one;
-        a training state this step cannot continue is a UsageError that says what differs."""
-        load_weights(self.net, state, source)
-        self.precision.load_weights(unwrap_state_dict(state))
-        if state.get("optimizer") and state.get("scheduler"):
-            self.check_resumable(state, source)
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.compiled:  # load_state_dict put the saved float LRs in place of the tensors
-                hold_lr_in_tensors(self.optimizer)
-            self.precision.load_state_dict(state.get("amp") or {})
-            if self.ema is not None and state.get("ema"):
-                self.ema.load_state_dict(state["ema"])
-
-
-    def check_resumable(self, state, source):
-        weights_only = f"to start from its weights only, pass model.pretrained={source} instead of --resume"
-        saved = ((state.get("config") or {}).get("optim") or {}).get("name")
-        if saved and saved != self.algorithm:
-            raise UsageError(f"{source}: trained with optimizer {saved}, this run uses {self.algorithm} "
-                             f"(optim.name); {weights_only}")
-        groups = [len(group["params"]) for group in state["optimizer"].get("param_groups", [])]
-        own = [len(group["params"]) for group in self.optimizer.param_groups]
-        if groups != own:
-            raise UsageError(f"{source}: its optimizer has parameter groups of {groups} tensors, this "
-                             f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
 
 
 def build_train_step(cfg, device):

@@ -7,6 +7,6 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 out="${BENCH_OUT:-runs/bench_device}"
 mkdir -p "$out"
-"$PY" "$ROOT/scripts/bench_optimizer.py" --json "$out/optimizer.json"
+"$PY" "$ROOT/scripts/bench.py" optimizer --json "$out/optimizer.json"
 COMPARE_OUT="$out" bash "$ROOT/scripts/compare_optimizers.sh" --data synthetic --amp "${AMP:-O2}" \
   data.batch_size=256 data.synthetic_size=25600 data.workers=8 train.epochs=1 train.log_every=20 "$@"

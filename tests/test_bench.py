@@ -2,15 +2,21 @@
 import json
 import os
 import subprocess
+import sys
 
 from conftest import ROOT, TINY
 from test_tools import script
 import train
 
 
+def benchmark(name):
+    """scripts/benchmarks/NAME.py as scripts/bench.py NAME loads it."""
+    return script("bench").load(name)
+
+
 def test_bench_optimizer_counts_ops(tmp_path, capsys):
     out = tmp_path / "optimizer.json"
-    script("bench_optimizer").main(["--width", "0.25", "--iterations", "2", "--rounds", "2",
+    benchmark("optimizer").main(["--width", "0.25", "--iterations", "2", "--rounds", "2",
                                     "--device", "cpu", "--json", str(out)])
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"loop", "foreach", "fused"}
@@ -53,7 +59,7 @@ def test_profile_writes_a_trace(tmp_path, digits):
 
 def test_bench_data_runs(tmp_path, capsys):
     out = tmp_path / "data.json"
-    script("bench_data").main(["--images", "6", "--rounds", "2", "--json", str(out)])
+    benchmark("data").main(["--images", "6", "--rounds", "2", "--json", str(out)])
     result = json.loads(out.read_text())
     names = {"torchvision default", "torchvision fast", "this app"}
     assert set(result["img_per_s"]) == set(result["ratio"]) == names and result["ratio"]["this app"] == 1
@@ -64,7 +70,7 @@ def test_bench_data_runs(tmp_path, capsys):
 
 def test_bench_train_loop_runs(tmp_path, capsys):
     out = tmp_path / "loop.json"
-    script("bench_train_loop").main(["--width", "0.25", "--resolution", "32", "--batch-size", "8",
+    benchmark("train-loop").main(["--width", "0.25", "--resolution", "32", "--batch-size", "8",
                                      "--steps", "5", "--workers", "0", "--rounds", "1", "--json", str(out)])
     result = json.loads(out.read_text())
     assert len(result["img_per_s"]) == 3 and all(rate > 0 for rate in result["img_per_s"].values())
@@ -72,9 +78,9 @@ def test_bench_train_loop_runs(tmp_path, capsys):
 
 
 def test_op_budget_table_is_consistent(tmp_path, capsys):
-    from mobilenet.bench import PHASES
+    from mobilenet.measure import PHASES
     out = tmp_path / "ops.json"
-    rows = script("op_budget").main(["--width", "0.25", "--resolution", "32", "--levels", "O0", "O1",
+    rows = benchmark("ops").main(["--width", "0.25", "--resolution", "32", "--levels", "O0", "O1",
                                      "--ema-decay", "0.9", "--json", str(out)])
     assert json.loads(out.read_text())["rows"] == rows and len(rows) == 6
     for row in rows:
@@ -90,14 +96,31 @@ def test_op_budget_table_is_consistent(tmp_path, capsys):
 
 
 def test_host_model_and_amp_table_and_pipeline_run(tmp_path, capsys):
-    model = script("host_model").main(["--width", "0.25", "--resolution", "64", "--batches", "1", "4",
+    model = benchmark("host-model").main(["--width", "0.25", "--resolution", "64", "--batches", "1", "4",
                                        "--rounds", "1", "--json", str(tmp_path / "model.json")])
     assert [r["batch"] for r in model] == [1, 4] and all(r["predicted_ratio"] > 1 for r in model)
     assert json.loads((tmp_path / "model.json").read_text())["host_bound_ceiling"] > 1
-    amp = script("amp_table").main(["--models", "demo", "--levels", "O0", "O1", "--rounds", "1", "--steps", "8",
+    amp = benchmark("amp").main(["--models", "demo", "--levels", "O0", "O1", "--rounds", "1", "--steps", "8",
                                     "--json", str(tmp_path / "amp.json")])
     assert len(amp) == 4 and all(r["img_per_s"] > 0 for r in amp)
     assert {r["vs_O0"] for r in amp if r["amp"] == "O0"} == {1.0}
-    pipeline = script("bench_pipeline").main(["--steps", "12", "--rounds", "1", "data.path=digits"])
+    pipeline = benchmark("pipeline").main(["--steps", "12", "--rounds", "1", "data.path=digits"])
     assert set(pipeline["ratio"]) == {"from memory", "end to end"} and pipeline["ratio"]["from memory"] == 1
     assert "seed article" in capsys.readouterr().out
+
+
+def test_one_entry_point_runs_each_benchmark(tmp_path):
+    result = subprocess.run([sys.executable, "scripts/bench.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
+    files = sorted(p.stem.replace("_", "-") for p in (ROOT / "scripts" / "benchmarks").glob("*.py"))
+    assert result.returncode == 0 and sorted(names) == files
+    wrong = subprocess.run([sys.executable, "scripts/bench.py", "nope"], cwd=ROOT, capture_output=True, text=True)
+    assert wrong.returncode == 2 and wrong.stderr.startswith("error: no benchmark 'nope'")
+    out = tmp_path / "ema.json"
+    ema = subprocess.run([sys.executable, "scripts/bench.py", "ema", "--steps", "2", "--rounds", "1", "--json",
+                          str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ema.returncode == 0, ema.stderr[-2000:]
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["fused, EMA app"]["ema_ops"] == 2 and rows["fused, EMA torch"]["ema_ops"] > 100
+    assert "usage: bench.py ema" in subprocess.run([sys.executable, "scripts/bench.py", "ema", "--help"], cwd=ROOT,
+                                                   capture_output=True, text=True).stdout

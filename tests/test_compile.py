@@ -66,8 +66,6 @@ def test_the_lr_schedule_reaches_the_compiled_optimizer_without_recompiling():
     assert counters["stats"]["unique_graphs"] == compiled_before  # the LR changed three times
     assert step.optimizer.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.01 / 4)
     assert not torch.equal(weights, step.net.fc.weight)
-    state = step.state_dict()["optimizer"]
-    assert type(state["param_groups"][0]["lr"]) is float  # checkpoints as an eager run writes them
 
 
 def test_compiled_run_resumes_bit_identical_with_plain_checkpoint_keys(tmp_path, digits, capsys):
@@ -81,6 +79,8 @@ def test_compiled_run_resumes_bit_identical_with_plain_checkpoint_keys(tmp_path,
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
     state = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
     assert not any("_orig_mod" in key for key in state["state_dict"])
+    assert type(state["optimizer"]["param_groups"][0]["lr"]) is float  # as an eager run writes it
+    assert all(type(lr) is float for lr in state["scheduler"]["base_lrs"])
     summary = json.loads((tmp_path / "straight" / "summary.json").read_text())
     assert summary["img_per_s"] > 0
     # the compiled run's checkpoint evaluates in an eager process

@@ -2,7 +2,7 @@
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from mobilenet.bench import count_ops
+from mobilenet.measure import count_ops
 from mobilenet.ema import WeightEMA
 from mobilenet.model import MobileNetV1
 

@@ -1,10 +1,10 @@
 """A host-bound model of the training step, from counted launches and a measured launch cost, and
 what it predicts for the standard-vs-fused speedup as the batch grows.
 
-python scripts/host_model.py [--device auto] [--width 1.0] [--resolution 224] [--amp O0]
+python scripts/bench.py host-model [--device auto] [--width 1.0] [--resolution 224] [--amp O0]
                              [--batches 1 4 16] [--rounds 3] [--json FILE]
 1. c: the host cost of one launch, timed on a one-element op (on an accelerator: without sync).
-2. N: aten ops of a whole step per implementation (scripts/op_budget.py's count).
+2. N: aten ops of a whole step per implementation (scripts/bench.py ops's count).
 3. k: compute per image, from the fused step at the largest batch: (T - N c) / b.
 Synchronous device (cpu): T(b) = N c + b k. Asynchronous device (cuda, npu): the host launches
 while the device computes, T(b) = max(N c, b k). The script measures loop and fused step times at
@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARTICLE = {"batch": 256, "standard": 1200.0, "fused": 1800.0}  # img/s on Ascend, the seed article
 
 
@@ -41,18 +41,13 @@ def launch_us(device, launches=20000):
 
 def step_timer(cfg, device, batch, steps=3):
     """A function returning ms per TrainStep at ``batch`` (synthetic batch in memory)."""
-    import torch
-
-    from mobilenet.data.prefetch import DevicePrefetcher
     from mobilenet.device import synchronize
-    from mobilenet.step import build_train_step
-    step = build_train_step(cfg, device)
+    from mobilenet.harness import synthetic_batch
+    from mobilenet.training import TrainingState
+    state = TrainingState(cfg, device, steps_per_epoch=1)
+    step = state.train_step
     step.train()
-    size = cfg["model"]["resolution"]
-    raw = [(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8),
-            torch.randint(0, cfg["model"]["num_classes"], (batch,)))]
-    images, labels = next(iter(DevicePrefetcher(raw, device, cfg["derived"]["channels_last"],
-                                                step.precision.input_dtype)))
+    images, labels = next(iter(state.batches(synthetic_batch(cfg, batch))))
     step(images, labels)
 
     def ms():
@@ -75,7 +70,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json")
     args = p.parse_args(argv)
-    from mobilenet.bench import PHASES, interleave, op_budget
+    from mobilenet.harness import interleave, op_budget
+    from mobilenet.measure import PHASES
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device
     from mobilenet.optim import SETTINGS

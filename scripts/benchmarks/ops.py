@@ -1,7 +1,7 @@
 """The launch budget of one training step: aten ops dispatched (kernel launches on an accelerator),
 phase by phase, for each optimizer implementation and amp level.
 
-python scripts/op_budget.py [--device auto] [--width 1.0] [--resolution 224] [--levels O0 O1 O2]
+python scripts/bench.py ops [--device auto] [--width 1.0] [--resolution 224] [--levels O0 O1 O2]
                             [--dtype bfloat16|float16] [--ema-decay 0] [--json FILE] [key.sub=value ...]
 Phases: input (copy to the device, normalise, layout), forward, loss, backward, unscale (amp: the
 fp32 master grads and the overflow check), optimizer (O2: and the masters copied back), zero_grad,
@@ -12,12 +12,13 @@ import argparse
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def budgets(args, overrides):
     """[{implementation, amp, phase counts..., total}] for every implementation and level."""
-    from mobilenet.bench import PHASES, op_budget
+    from mobilenet.harness import op_budget
+    from mobilenet.measure import PHASES
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device
     from mobilenet.optim import SETTINGS
@@ -46,7 +47,7 @@ def main(argv=None):
     p.add_argument("--ema-decay", type=float, default=0.0)
     p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.bench import PHASES
+    from mobilenet.measure import PHASES
     rows = budgets(args, overrides)
     print(f"aten ops per training step, MobileNetV1 x{args.width} at {args.resolution}px, "
           f"amp dtype {args.dtype}" + (f", EMA {args.ema_decay}" if args.ema_decay else ""))

@@ -1,6 +1,6 @@
 """train.py's training speed against a plain hand-written loop: same model, data, batch, optimizer.
 
-python scripts/bench_train_loop.py [--width 0.5] [--resolution 128] [--batch-size 32] [--steps 30]
+python scripts/bench.py train-loop [--width 0.5] [--resolution 128] [--batch-size 32] [--steps 30]
                                    [--rounds 5] [--json FILE]
 Synthetic data, fused SGD, fp32, one process; each runs --steps steps after 5 warm-up steps.
 train.py runs as configured (channels_last on cpu/cuda) and with channels_last off, which leaves
@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def plain_loop(args, device):
@@ -48,7 +48,7 @@ def plain_loop(args, device):
 def train_py(args, device, *overrides):
     """img/s of the app's own loop (engine.run, in this process as the plain loop) over the same
     steps, from its 5-step log intervals after the first."""
-    from mobilenet.bench import training_img_per_s
+    from mobilenet.harness import training_img_per_s
     return training_img_per_s(ROOT / "configs" / "synthetic.yaml", [
         f"device={device.type}", "optim.impl=fused", f"model.width_mult={args.width}",
         f"model.resolution={args.resolution}", f"data.batch_size={args.batch_size}",
@@ -73,7 +73,7 @@ def main(argv=None):
             "train.py": lambda: train_py(args, device),
             "train.py, channels_last off (the loop's own cost)":
                 lambda: train_py(args, device, "model.channels_last=false")}
-    from mobilenet.bench import interleave
+    from mobilenet.harness import interleave
     rounds = interleave(runs, args.rounds)
     report = {**rounds.to_json(), "img_per_s": {name: rounds.median(name) for name in runs},
               "ratio": {name: rounds.ratio(name, "plain loop")[0] for name in runs}}

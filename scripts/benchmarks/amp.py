@@ -1,7 +1,7 @@
 """Training img/s under every amp level x optimizer, on the full model and on the demo model, to
 show where bfloat16 pays on this CPU (or float16/bfloat16 on an accelerator).
 
-python scripts/amp_table.py [--dtype bfloat16] [--levels O0 O1 O2] [--rounds 3] [--steps 12]
+python scripts/bench.py amp [--dtype bfloat16] [--levels O0 O1 O2] [--rounds 3] [--steps 12]
                             [--models full demo] [--json FILE]
 full: width 1.0 at 224, batch 32, synthetic images; demo: the bundled demo recipe (width 0.25 at
 32, batch 32, the digits). Each variant is a short run of the app's own loop in this process
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"full": (ROOT / "configs" / "synthetic.yaml",
                    ["model.width_mult=1.0", "model.resolution=224", "data.batch_size=32", "data.workers=0"]),
           "demo": (ROOT / "configs" / "demo.yaml", ["data.path=digits"])}
@@ -29,7 +29,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.bench import interleave, training_img_per_s
+    from mobilenet.harness import interleave, training_img_per_s
     from mobilenet.device import cpu_bf16_features
     variants = {}
     for model in args.models:

@@ -1,7 +1,7 @@
 """The optimizer step alone, on MobileNetV1's 83 parameter tensors: loop vs foreach vs fused
 (plus torch_npu's NpuFused on npu).
 
-python scripts/bench_optimizer.py [--device auto] [--width 1.0] [--optimizer sgd] [--json FILE]
+python scripts/bench.py optimizer [--device auto] [--width 1.0] [--optimizer sgd] [--json FILE]
 Prints ms/step (median over --rounds interleaved rounds of --iterations steps, with the spread and
 the other processes' CPU share per round) and aten ops dispatched per step.
 """
@@ -29,7 +29,7 @@ def build(model, name, implementation):
 
 def prepare(optimizer, device, iterations):
     """(aten ops of one step, a function returning ms/step over ``iterations`` steps)."""
-    from mobilenet.bench import count_ops
+    from mobilenet.measure import count_ops
     from mobilenet.device import synchronize
     for _ in range(3):  # lazy state (momentum buffers, fused buffers) and caches
         optimizer.step()
@@ -56,7 +56,7 @@ def main(argv=None):
 
     import torch
 
-    from mobilenet.bench import interleave
+    from mobilenet.harness import interleave
     from mobilenet.device import choose_device, describe, open_device
     from mobilenet.model import MobileNetV1
     from mobilenet.optim import describe_optimizer

@@ -1,7 +1,7 @@
 """Training img/s with train.compile (torch.compile of the model's forward and backward) against
 eager, under amp O0 and O1, on the demo model and on the full model.
 
-python scripts/bench_compile.py [--models demo full] [--levels O0 O1] [--dtype bfloat16]
+python scripts/bench.py compile [--models demo full] [--levels O0 O1] [--dtype bfloat16]
                                 [--rounds 3] [--steps 12] [--json FILE] [key.sub=value ...]
 demo: the bundled demo recipe (width 0.25 at 32, batch 32); full: width 1.0 at 224, batch 16,
 synthetic images. Each variant is a short run of the app's own loop in this process (img/s after
@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"demo": (ROOT / "configs" / "demo.yaml", ["data.path=digits"]),
           "full": (ROOT / "configs" / "synthetic.yaml",
                    ["model.width_mult=1.0", "model.resolution=224", "data.batch_size=16", "data.workers=0"])}
@@ -31,7 +31,7 @@ def main(argv=None):
     p.add_argument("--log-every", type=int, default=4)
     p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.bench import interleave, training_img_per_s
+    from mobilenet.harness import interleave, training_img_per_s
     from mobilenet.device import cpu_model
     variants = {}
     for model in args.models:

@@ -2,7 +2,7 @@
 lists built once) and torch's AveragedModel (what the app used before), for the loop and the fused
 optimizer.
 
-python scripts/bench_ema.py [--width 0.25] [--resolution 32] [--batch-size 32] [--steps 30]
+python scripts/bench.py ema [--width 0.25] [--resolution 32] [--batch-size 32] [--steps 30]
                             [--rounds 5] [--json FILE] [key.sub=value ...]
 Each variant is the app's TrainStep over batches made beforehand (synthetic images), ms per step
 after 3 warm-up steps; variants take turns for --rounds rounds (reversed every other round); the
@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DECAY = 0.9999
 
 
@@ -33,27 +33,24 @@ class TorchAveragedModel:
 def timed_step(args, overrides, impl, ema):
     """A function returning ms per step of the TrainStep for optimizer ``impl`` and ``ema``
     (none | app | torch), and the aten ops of one EMA update."""
-    import torch
 
-    from mobilenet.bench import count_ops
+    from mobilenet.measure import count_ops
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device, synchronize
+    from mobilenet.harness import synthetic_batch
     from mobilenet.optim import SETTINGS
-    from mobilenet.step import build_train_step
+    from mobilenet.training import TrainingState
     cfg = resolve(build_config(ROOT / "configs" / "synthetic.yaml", [
         f"model.width_mult={args.width}", f"model.resolution={args.resolution}", "model.num_classes=10",
         f"data.batch_size={args.batch_size}", f"train.ema_decay={DECAY if ema != 'none' else 0}",
         *SETTINGS[impl], *overrides]))
     device = open_device(cfg["derived"]["device"])
-    step = build_train_step(cfg, device)
+    state = TrainingState(cfg, device, steps_per_epoch=1)
+    step = state.train_step
     if ema == "torch":
         step.ema = TorchAveragedModel(step.net, DECAY)
     step.train()
-    generator = torch.Generator().manual_seed(0)
-    layout = torch.channels_last if cfg["derived"]["channels_last"] else torch.contiguous_format
-    images = torch.randn(args.batch_size, 3, args.resolution, args.resolution,
-                         generator=generator).to(device, memory_format=layout)
-    labels = torch.randint(0, 10, (args.batch_size,), generator=generator).to(device)
+    images, labels = next(iter(state.batches(synthetic_batch(cfg))))
     for _ in range(3):
         step(images, labels)
     ops = count_ops(step.ema.update) if step.ema is not None else 0
@@ -77,7 +74,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.bench import interleave
+    from mobilenet.harness import interleave
     from mobilenet.device import cpu_model
     variants, ops = {}, {}
     for impl in ("loop", "fused"):

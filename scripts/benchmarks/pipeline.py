@@ -1,7 +1,7 @@
 """End-to-end training against the same training step fed from memory: how much the input
 pipeline costs (data.workers, decoding, augmentation, copies, the loop's own work).
 
-python scripts/bench_pipeline.py [--config configs/demo.yaml] [--workers 0 1] [--rounds 5]
+python scripts/bench.py pipeline [--config configs/demo.yaml] [--workers 0 1] [--rounds 5]
                                  [--steps 40] [--json FILE] [key.sub=value ...]
 "end to end" is engine.run (train.py's loop) for --steps steps, its img/s from its progress
 intervals after the first; "from memory" is the same TrainStep (same model, optimizer, amp) over
@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def build(args, overrides):
@@ -28,30 +28,25 @@ def from_memory(args, overrides):
     """A function returning the img/s of the TrainStep and the LR schedule over batches that the
     loader made beforehand."""
     from mobilenet.config import resolve
-    from mobilenet.data import DevicePrefetcher, build_datasets, build_loaders
+    from mobilenet.data import build_datasets, build_loaders
     from mobilenet.device import open_device, synchronize
-    from mobilenet.optim import build_scheduler
-    from mobilenet.step import build_train_step
+    from mobilenet.training import TrainingState
     cfg = resolve(build(args, overrides))
     device = open_device(cfg["derived"]["device"])
     train_set, val_set = build_datasets(cfg["data"], cfg["model"])
-    step = build_train_step(cfg, device)
+    state = TrainingState(cfg, device, steps_per_epoch=args.steps)
     loader, _ = build_loaders(train_set, val_set, {**cfg["data"], "workers": 0}, cfg["seed"])
     loader.sampler.set_epoch(0)
-    batches = [b for _, b in zip(range(args.steps), DevicePrefetcher(
-        loader, device, cfg["derived"]["channels_last"], step.precision.input_dtype))]
-    scheduler = build_scheduler(step.optimizer, schedule=cfg["schedule"], base_lr=cfg["derived"]["lr"],
-                                steps_per_epoch=len(batches), epochs=1)
-    step.train()
+    batches = [b for _, b in zip(range(args.steps), state.batches(loader))]
+    state.train_step.train()
 
     def measure():
         for images, labels in batches[:args.log_every]:  # as end to end, the first interval is left out
-            step(images, labels)
+            state.train_on(images, labels)
         synchronize(device)
         start = time.perf_counter()
         for images, labels in batches[args.log_every:]:
-            step(images, labels)
-            scheduler.step()
+            state.train_on(images, labels)
         synchronize(device)
         return (len(batches) - args.log_every) * cfg["derived"]["global_batch"] / (time.perf_counter() - start)
     return measure
@@ -66,7 +61,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.bench import interleave, training_img_per_s
+    from mobilenet.harness import interleave, training_img_per_s
     variants = {"from memory": from_memory(args, overrides)}
     for workers in args.workers or [None]:
         name = "end to end" + (f", data.workers={workers}" if workers is not None else "")

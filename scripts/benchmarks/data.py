@@ -1,7 +1,7 @@
 """Decoded + augmented img/s of one data worker: this app's pipeline vs torchvision's default and
 torchvision's fastest CPU path.
 
-python scripts/bench_data.py [--data DIR] [--images 300] [--resolution 224] [--rounds 5] [--json FILE]
+python scripts/bench.py data [--data DIR] [--images 300] [--resolution 224] [--rounds 5] [--json FILE]
 Without --data it writes a folder of real photos (scikit-learn's two sample JPEGs, cropped and
 scaled to ImageNet-like sizes: 3/4 of them 500x375 or 375x500, 1/4 with a long side of 800-2000).
 All pipelines read the same files in one process with one thread (one worker's share of the work):
@@ -89,7 +89,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     import torch
 
-    from mobilenet.bench import interleave
+    from mobilenet.harness import interleave
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one worker's share of the machine
     try:

@@ -1,0 +1,120 @@
+"""The benchmark harness, above the engine: variants measured in interleaved rounds that stay true
+on a shared machine, the app's own loop timed over a short run, the launch budget of a step."""
+import contextlib
+import io
+import json
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mobilenet.config import build_config, resolve
+from mobilenet.engine import run
+from mobilenet.measure import PHASES, OpCounter, OtherLoad, PhaseOps, count_ops
+from mobilenet.step import no_phase
+from mobilenet.training import TrainingState
+
+
+@dataclass
+class Rounds:
+    """Measurements of variants taken in interleaved rounds; rounds in which other processes took
+    more than ``max_other`` of the machine are dropped (all kept if every round was loaded)."""
+    values: list          # per round: {variant: measurement}
+    other: list           # per round: the other processes' share of the machine
+    max_other: float
+
+    @property
+    def kept(self):
+        kept = [i for i, share in enumerate(self.other) if share <= self.max_other]
+        return kept or list(range(len(self.values)))
+
+    def median(self, name):
+        return statistics.median(self.values[i][name] for i in self.kept)
+
+    def spread(self, name):
+        """(min, max) over the kept rounds."""
+        kept = [self.values[i][name] for i in self.kept]
+        return min(kept), max(kept)
+
+    def ratios(self, name, base):
+        """Per kept round: measurement of ``name`` / that of ``base`` (the same round)."""
+        return [self.values[i][name] / self.values[i][base] for i in self.kept]
+
+    def ratio(self, name, base):
+        """(median, min, max) of the per-round ratios."""
+        ratios = self.ratios(name, base)
+        return statistics.median(ratios), min(ratios), max(ratios)
+
+    def describe(self):
+        dropped = len(self.values) - len(self.kept)
+        loads = ", ".join(f"{share:.0%}" for share in self.other)
+        note = (f"{dropped} dropped for other load above {self.max_other:.0%}" if len(self.kept) < len(self.values)
+                else f"none above {self.max_other:.0%}" if max(self.other) <= self.max_other
+                else f"all above {self.max_other:.0%}: none dropped, read with care")
+        return f"{len(self.values)} interleaved rounds; other processes' CPU per round: {loads} ({note})"
+
+    def to_json(self):
+        return {"rounds": self.values, "other_cpu_share": self.other, "max_other": self.max_other,
+                "kept_rounds": self.kept}
+
+
+def interleave(variants, rounds=5, max_other=0.25):
+    """Runs every variant (name -> function returning a measurement) once per round, in the given
+    order on even rounds and reversed on odd ones, so that a slow spell hits all of them; records
+    the other processes' CPU share in each round."""
+    values, other = [], []
+    names = list(variants)
+    for r in range(rounds):
+        with OtherLoad() as load:
+            values.append({name: variants[name]() for name in (names if r % 2 == 0 else names[::-1])})
+        other.append(load.share)
+    return Rounds(values, other, max_other)
+
+
+def training_img_per_s(config, overrides, steps=12, log_every=4):
+    """img/s of the app's own loop (engine.run, in this process) over a short run of ``config`` with
+    ``overrides``: ``steps`` steps of one epoch, from its progress intervals after the first (the
+    warm-up); writes nothing that stays."""
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+        cfg = build_config(config, [*overrides, "train.epochs=1", f"train.max_steps_per_epoch={steps}",
+                                    f"train.log_every={log_every}"], settings={"output": out})
+        run(resolve(cfg))
+        records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["img_per_s"] for r in records if r["kind"] == "train"]
+    rates = rates[1:] or rates  # without the warm-up interval where there are others
+    return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
+
+
+def synthetic_batch(cfg, batch=None, seed=0):
+    """[(uint8 images, labels)]: one batch of random images for ``cfg``'s model, as a loader gives."""
+    size, batch = cfg["model"]["resolution"], batch or cfg["data"]["batch_size"]
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator),
+             torch.randint(0, cfg["model"]["num_classes"], (batch,), generator=generator))]
+
+
+def op_budget(cfg, device, warmup=3):
+    """{phase: aten ops dispatched} of one training step of the resolved ``cfg`` on ``device``,
+    after ``warmup`` steps (lazy optimizer state): the input copy and normalisation, the
+    TrainStep's phases and the LR schedule's step. Each op is a kernel launch on an accelerator."""
+    state = TrainingState(cfg, device, steps_per_epoch=100)
+    state.train_step.train()
+    raw = synthetic_batch(cfg)
+
+    def prefetch():
+        return next(iter(state.batches(raw)))
+    for _ in range(warmup):
+        state.train_on(*prefetch())
+    with OpCounter() as counter:
+        images, labels = prefetch()
+    counts = dict.fromkeys(PHASES, 0)
+    counts["input"] = counter.count
+    phases = PhaseOps()
+    state.train_step.phase = phases.phase
+    state.train_step(images, labels)
+    state.train_step.phase = no_phase
+    counts.update(phases.counts)
+    counts["scheduler"] = count_ops(state.scheduler.step)
+    return counts

@@ -1,0 +1,109 @@
+"""TrainingState: what trains, wired once from a resolved config (the step, its LR schedule, the
+input path to the device), and every piece of state a resume needs, saved and restored as one dict.
+
+The engine and every benchmark build their training through ``TrainingState``, so a change to
+the schedule, the input dtype or the layout is made here once.
+"""
+import torch
+
+from mobilenet.config import thaw
+from mobilenet.data.prefetch import DevicePrefetcher
+from mobilenet.device import device_module
+from mobilenet.errors import UsageError
+from mobilenet.model import load_weights, unwrap_state_dict
+from mobilenet.optim import build_scheduler, hold_lr_in_tensors, plain_numbers
+from mobilenet.step import build_train_step
+
+
+class TrainingState:
+    """Owns the TrainStep (model, optimizer, precision, EMA), the per-iteration LR schedule over
+    ``steps_per_epoch`` steps an epoch, and the run's position (``epoch``: epochs completed,
+    ``step``: batches done in the epoch under way) and best top-1. ``state_dict()`` is the
+    checkpoint (Ascend ModelZoo's keys epoch, arch, state_dict, best_prec1, optimizer, plus ours);
+    ``load_state_dict()`` restores it, or only the weights of a file that is no training checkpoint."""
+
+    def __init__(self, cfg, device, steps_per_epoch):
+        self.cfg, self.device, self.steps_per_epoch = cfg, device, steps_per_epoch
+        self.train_step = build_train_step(cfg, device)
+        self.scheduler = build_scheduler(self.train_step.optimizer, schedule=cfg["schedule"],
+                                         base_lr=cfg["derived"]["lr"], steps_per_epoch=steps_per_epoch,
+                                         epochs=cfg["train"]["epochs"])
+        self.epoch, self.step, self.best_top1 = 0, 0, 0.0
+
+    def batches(self, loader):
+        """``loader``'s uint8 batches on the device, normalised, in the layout and dtype the step takes."""
+        return DevicePrefetcher(loader, self.device, self.cfg["derived"]["channels_last"],
+                                self.train_step.precision.input_dtype)
+
+    def train_on(self, images, labels):
+        """One training step and the schedule's; returns the loss (on the device)."""
+        loss = self.train_step(images, labels)
+        self.scheduler.step()
+        self.step += 1
+        return loss
+
+    def state_dict(self):
+        step = self.train_step
+        return {"arch": "mobilenet_v1", "epoch": self.epoch, "step": self.step,
+                "best_prec1": self.best_top1, "rng": rng_states(self.device),
+                "state_dict": step.precision.weights(step.net),  # the fp32 masters under O2
+                "optimizer": plain_numbers(step.optimizer.state_dict()),
+                "scheduler": plain_numbers(self.scheduler.state_dict()),
+                "amp": step.precision.state_dict(),
+                "ema": step.ema.state_dict() if step.ema is not None else None,
+                "config": thaw(self.cfg)}
+
+    def load_state_dict(self, state, source="checkpoint"):
+        """The weights of ``state`` (ours or ModelZoo's); all the rest too when it is a training
+        checkpoint, which this run must be able to continue (a UsageError says what differs).
+        Returns whether it was a training checkpoint."""
+        step = self.train_step
+        load_weights(step.net, state, source)
+        step.precision.load_weights(unwrap_state_dict(state))
+        if not is_training_checkpoint(state):
+            return False
+        self.check_resumable(state, source)
+        step.optimizer.load_state_dict(state["optimizer"])
+        if step.compiled:  # load_state_dict put the saved float LRs where the tensors were
+            hold_lr_in_tensors(step.optimizer)
+        step.precision.load_state_dict(state.get("amp") or {})
+        if step.ema is not None and state.get("ema"):
+            step.ema.load_state_dict(state["ema"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.step, self.best_top1 = state["epoch"], state["step"], float(state["best_prec1"])
+        set_rng_states(state["rng"], self.device)
+        return True
+
+    def check_resumable(self, state, source):
+        """The one place that says why a training checkpoint cannot continue in this run."""
+        weights_only = f"to start from its weights only, pass model.pretrained={source} instead of --resume"
+        saved = ((state.get("config") or {}).get("optim") or {}).get("name")
+        algorithm = self.cfg["optim"]["name"]
+        if saved and saved != algorithm:
+            raise UsageError(f"{source}: trained with optimizer {saved}, this run uses {algorithm} "
+                             f"(optim.name); {weights_only}")
+        groups = [len(group["params"]) for group in state["optimizer"].get("param_groups", [])]
+        own = [len(group["params"]) for group in self.train_step.optimizer.param_groups]
+        if groups != own:
+            raise UsageError(f"{source}: its optimizer has parameter groups of {groups} tensors, this "
+                             f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
+
+
+def is_training_checkpoint(state):
+    """Whether a checkpoint dict can continue a run (ours), not only give weights (ModelZoo's own
+    and weights files have no scheduler)."""
+    return bool(state.get("optimizer")) and bool(state.get("scheduler"))
+
+
+def rng_states(device):
+    states = {"torch": torch.get_rng_state()}
+    module = device_module(device)
+    if module is not None:
+        states["device"] = module.get_rng_state()
+    return states
+
+
+def set_rng_states(states, device):
+    torch.set_rng_state(states["torch"])
+    if "device" in states and device_module(device) is not None:
+        device_module(device).set_rng_state(states["device"])
