@@ -66,6 +66,11 @@ def choose_backend(level, backend):
     return "native"
 
 
+# Our own scaler rather than torch.amp.GradScaler, which (torch 2.14.1, checked by
+# tests/test_amp.py::test_gradscaler_cannot_keep_these_guarantees) refuses a static scale (growth
+# factor must be > 1: ModelZoo's recipe uses 1024), counts no skipped steps (our checkpoints and
+# TensorBoard do), and lets a fused optimizer's skipped first step leave uninitialised momentum;
+# the kernels below are the ones GradScaler itself calls.
 class LossScaler:
     """Loss scale, non-finite check and skip counting with torch's own amp kernels, no host sync.
 

@@ -334,14 +334,16 @@ class EpochMeter:
         self.loss_sum += loss.float()
         self.interval_steps += 1
 
-    def log(self):
+    def interval_loss(self):
+        """The mean loss of the interval that ends now, over all processes (reads the device)."""
+        return all_reduce_sum(self.loss_sum).item() / self.interval_steps / self.r.world.size
+
+    def log(self, loss):
         """The progress line, metrics.jsonl and TensorBoard for the interval that ends now."""
         r = self.r
         batch = r.cfg["derived"]["global_batch"]
         synchronize(r.device)
         now = time.perf_counter()
-        loss = all_reduce_sum(self.loss_sum).item() / self.interval_steps / r.world.size
-        check_finite(r, loss)
         seconds = now - self.interval_start
         if self.steady is None:  # the first interval, warm-up included, is its own rate once
             self.steady = (now, r.state.step)
@@ -411,7 +413,9 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
         else:
             meter.add(loss)
             if r.state.step % cfg["log_every"] == 0 or r.state.step == r.steps or finished(r):
-                meter.log()
+                loss_mean = meter.interval_loss()
+                check_finite(r, loss_mean)
+                meter.log(loss_mean)
         after_step()
         prof.step()
         if finished(r) or stop.should_stop():  # the same on every rank, so the reduction stays paired

@@ -1,5 +1,6 @@
 """The benchmark harness, above the engine: variants measured in interleaved rounds that stay true
 on a shared machine, the app's own loop timed over a short run, the launch budget of a step."""
+import argparse
 import contextlib
 import io
 import json
@@ -47,6 +48,16 @@ class Rounds:
         ratios = self.ratios(name, base)
         return statistics.median(ratios), min(ratios), max(ratios)
 
+    def cell(self, name, digits=1):
+        """'median (min-max)' of ``name``'s measurements, for a table."""
+        low, high = self.spread(name)
+        return f"{self.median(name):.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+    def ratio_cell(self, name, base):
+        """'1.23x (1.10-1.30)': the median and spread of ``name``'s ratio to ``base``, for a table."""
+        ratio, low, high = self.ratio(name, base)
+        return f"{ratio:.2f}x ({low:.2f}-{high:.2f})"
+
     def describe(self):
         dropped = len(self.values) - len(self.kept)
         loads = ", ".join(f"{share:.0%}" for share in self.other)
@@ -58,6 +69,28 @@ class Rounds:
     def to_json(self):
         return {"rounds": self.values, "other_cpu_share": self.other, "max_other": self.max_other,
                 "kept_rounds": self.kept}
+
+
+def benchmark_parser(doc, rounds=5):
+    """The argument parser every benchmark starts from: its docstring as help, --json, and
+    --rounds (``rounds`` by default) unless ``rounds`` is None (a benchmark that counts, not times)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    return parser
+
+
+def markdown_table(columns, rows):
+    """A markdown table of ``columns`` (names) and ``rows`` (lists of cells), as printed text."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
+
+
+def write_json(path, report):
+    """``report`` as indented JSON at ``path`` (nothing without a path)."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
 def interleave(variants, rounds=5, max_other=0.25):

@@ -146,3 +146,18 @@ def test_bf16_hint_only_where_amx_pays():
     assert hint(["AMX-BF16"], "data.batch_size=8") is None         # not measured below 32
     assert hint(["AMX-BF16"], "amp.level=O1", "amp.dtype=bfloat16") is None
     assert hint(["AMX-BF16"], config="demo.yaml") is None          # the demo model: 0.58x
+
+
+def test_gradscaler_cannot_keep_these_guarantees():
+    """Why amp.LossScaler is ours: the limits of torch.amp.GradScaler it works around. When this
+    test fails, torch lifted one, and LossScaler may give way to GradScaler."""
+    with pytest.raises((AssertionError, ValueError), match="growth factor must be > 1"):
+        torch.amp.GradScaler("cpu", init_scale=1024.0, growth_factor=1.0)  # no static scale
+    assert not any("skip" in key for key in torch.amp.GradScaler("cpu").state_dict())
+    param = torch.nn.Parameter(torch.ones(64))
+    optimizer = torch.optim.SGD([param], lr=0.1, momentum=0.9, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    scaler.scale((param * float("inf")).sum()).backward()
+    scaler.step(optimizer)  # the first step overflows and is skipped, yet a momentum buffer now
+    assert param.data.eq(1).all() and "momentum_buffer" in optimizer.state[param]  # exists: made by
+    # empty_like and never written, so the next step would add whatever that memory held

@@ -9,8 +9,6 @@ full: width 1.0 at 224, batch 32, synthetic images; demo: the bundled demo recip
 other round) and the table shows medians with their spread and the ratio to O0 of the same model
 and optimizer. Rounds in which other processes took over a quarter of the machine are dropped.
 """
-import argparse
-import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,16 +19,15 @@ OPTIMIZERS = {"standard": ["optim.impl=standard"], "fused": ["optim.impl=fused"]
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from mobilenet.harness import benchmark_parser
+    p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--levels", nargs="+", default=["O0", "O1", "O2"])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.harness import interleave, training_img_per_s
-    from mobilenet.device import cpu_bf16_features
+    from mobilenet.device import cpu_bf16_features, cpu_model
+    from mobilenet.harness import interleave, markdown_table, training_img_per_s, write_json
     variants = {}
     for model in args.models:
         config, settings = MODELS[model]
@@ -42,23 +39,17 @@ def main(argv=None):
                                                   training_img_per_s(config, extra, steps=args.steps))
     named = {" ".join(key): fn for key, fn in variants.items()}
     rounds = interleave(named, args.rounds)
-    features = ", ".join(cpu_bf16_features()) or "none"
-    print(f"amp dtype {args.dtype}; CPU bfloat16 features: {features}; {rounds.describe()}")
-    print("| model | amp | optimizer | img/s (median, min-max) | vs O0 (median, min-max) |\n"
-          "|---|---|---|---|---|")
-    rows = []
+    print(f"amp dtype {args.dtype}; {cpu_model()}; {rounds.describe()}")
+    rows, table = [], []
     for model, level, impl in variants:
         name, base = f"{model} {level} {impl}", f"{model} O0 {impl}"
-        low, high = rounds.spread(name)
         ratio = rounds.ratio(name, base) if base in named else (float("nan"),) * 3
         rows.append({"model": model, "amp": level, "optimizer": impl, "img_per_s": rounds.median(name),
-                     "spread": [low, high], "vs_O0": ratio[0], "vs_O0_spread": ratio[1:]})
-        print(f"| {model} | {level} | {impl} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | "
-              f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f}) |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"dtype": args.dtype, "cpu_bf16_features": cpu_bf16_features(),
-                                               "rows": rows, **{k: v for k, v in rounds.to_json().items()
-                                                                if k != "rounds"}}, indent=2) + "\n")
+                     "spread": rounds.spread(name), "vs_O0": ratio[0], "vs_O0_spread": ratio[1:]})
+        table.append([model, level, impl, rounds.cell(name), rounds.ratio_cell(name, base) if base in named else "-"])
+    print(markdown_table(["model", "amp", "optimizer", "img/s (median, min-max)", "vs O0 (median, min-max)"], table))
+    write_json(args.json, {"dtype": args.dtype, "cpu_bf16_features": cpu_bf16_features(), "rows": rows,
+                           **{k: v for k, v in rounds.to_json().items() if k != "rounds"}})
     return rows
 
 

@@ -11,8 +11,6 @@ turns for --rounds rounds (reversed every other round); the table shows medians 
 the ratio to eager of the same model and level. Rounds in which other processes took over a
 quarter of the machine are dropped.
 """
-import argparse
-import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,17 +20,16 @@ MODELS = {"demo": (ROOT / "configs" / "demo.yaml", ["data.path=digits"]),
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from mobilenet.harness import benchmark_parser
+    p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--levels", nargs="+", default=["O0", "O1"])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--log-every", type=int, default=4)
-    p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.harness import interleave, training_img_per_s
     from mobilenet.device import cpu_model
+    from mobilenet.harness import interleave, markdown_table, training_img_per_s, write_json
     variants = {}
     for model in args.models:
         config, settings = MODELS[model]
@@ -46,19 +43,16 @@ def main(argv=None):
         measure()
     rounds = interleave(variants, args.rounds)
     print(f"{cpu_model()}; amp dtype {args.dtype}; {rounds.describe()}")
-    print("| model | amp | step | img/s (median, min-max) | vs eager (median, min-max) |\n|---|---|---|---|---|")
-    rows = []
+    rows, table = [], []
     for name in variants:
         model, level, mode = name.split()
-        low, high = rounds.spread(name)
-        ratio = rounds.ratio(name, f"{model} {level} eager")
+        base = f"{model} {level} eager"
+        ratio = rounds.ratio(name, base)
         rows.append({"model": model, "amp": level, "step": mode, "img_per_s": rounds.median(name),
-                     "spread": [low, high], "vs_eager": ratio[0], "vs_eager_spread": ratio[1:]})
-        print(f"| {model} | {level} | {mode} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | "
-              f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f}) |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu_model(), "rows": rows, **rounds.to_json()},
-                                              indent=2) + "\n")
+                     "spread": rounds.spread(name), "vs_eager": ratio[0], "vs_eager_spread": ratio[1:]})
+        table.append([model, level, mode, rounds.cell(name), rounds.ratio_cell(name, base)])
+    print(markdown_table(["model", "amp", "step", "img/s (median, min-max)", "vs eager (median, min-max)"], table))
+    write_json(args.json, {"cpu": cpu_model(), "rows": rows, **rounds.to_json()})
     return rows
 
 

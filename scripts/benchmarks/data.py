@@ -15,8 +15,6 @@ The last two leave normalisation to the device. The pipelines take turns (revers
 round); ratios are medians of the rounds' ratios; rounds in which other processes took more than
 a quarter of the machine are dropped.
 """
-import argparse
-import json
 import tempfile
 import time
 import warnings
@@ -80,16 +78,15 @@ def pipelines(root, resolution):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from mobilenet.harness import benchmark_parser
+    p = benchmark_parser(__doc__)
     p.add_argument("--data", help="an ImageFolder root with train/ (default: generated photos)")
     p.add_argument("--images", type=int, default=300)
     p.add_argument("--resolution", type=int, default=224)
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
-    p.add_argument("--json")
     args = p.parse_args(argv)
     import torch
 
-    from mobilenet.harness import interleave
+    from mobilenet.harness import interleave, markdown_table, write_json
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one worker's share of the machine
     try:
@@ -99,17 +96,13 @@ def main(argv=None):
     finally:
         torch.set_num_threads(threads)
     print(rounds.describe())
-    print(f"| pipeline (1 worker, {args.resolution}px) | img/s (median, min-max) | this app vs it "
-          f"(median, min-max) |\n|---|---|---|")
-    report = {**rounds.to_json(), "img_per_s": {}, "ratio": {}}
-    for name in rounds.values[0]:
-        low, high = rounds.spread(name)
-        ratio = rounds.ratio("this app", name)
-        report["img_per_s"][name], report["ratio"][name] = rounds.median(name), ratio[0]
-        print(f"| {name} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | "
-              f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f}) |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    names = list(rounds.values[0])
+    report = {**rounds.to_json(), "img_per_s": {name: rounds.median(name) for name in names},
+              "ratio": {name: rounds.ratio("this app", name)[0] for name in names}}
+    print(markdown_table([f"pipeline (1 worker, {args.resolution}px)", "img/s (median, min-max)",
+                          "this app vs it (median, min-max)"],
+                         [[name, rounds.cell(name), rounds.ratio_cell("this app", name)] for name in names]))
+    write_json(args.json, report)
     return report
 
 

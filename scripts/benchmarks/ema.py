@@ -9,8 +9,6 @@ after 3 warm-up steps; variants take turns for --rounds rounds (reversed every o
 table shows medians with min-max, the ratio to the same optimizer without EMA, and the aten ops
 of one EMA update. Rounds in which other processes took over a quarter of the machine are dropped.
 """
-import argparse
-import json
 import time
 from pathlib import Path
 
@@ -66,16 +64,15 @@ def timed_step(args, overrides, impl, ema):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from mobilenet.harness import benchmark_parser
+    p = benchmark_parser(__doc__)
     p.add_argument("--width", type=float, default=0.25)
     p.add_argument("--resolution", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.harness import interleave
     from mobilenet.device import cpu_model
+    from mobilenet.harness import interleave, markdown_table, write_json
     variants, ops = {}, {}
     for impl in ("loop", "fused"):
         for ema in ("none", "app", "torch"):
@@ -84,19 +81,16 @@ def main(argv=None):
     rounds = interleave(variants, args.rounds)
     print(f"MobileNetV1 x{args.width} at {args.resolution}px, batch {args.batch_size}, EMA decay {DECAY}; "
           f"{cpu_model()}; {rounds.describe()}")
-    print("| variant | ms/step (median, min-max) | vs no EMA (median, min-max) | ops per EMA update |\n"
-          "|---|---|---|---|")
-    rows = []
+    rows, table = [], []
     for name in variants:
         base = name.split(",")[0] + ", EMA none"
-        low, high = rounds.spread(name)
         ratio = rounds.ratio(name, base)
-        rows.append({"variant": name, "ms_per_step": rounds.median(name), "spread": [low, high],
+        rows.append({"variant": name, "ms_per_step": rounds.median(name), "spread": rounds.spread(name),
                      "vs_no_ema": ratio[0], "vs_no_ema_spread": ratio[1:], "ema_ops": ops[name]})
-        print(f"| {name} | {rounds.median(name):.2f} ({low:.2f}-{high:.2f}) | {ratio[0]:.2f}x "
-              f"({ratio[1]:.2f}-{ratio[2]:.2f}) | {ops[name]} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, **rounds.to_json()}, indent=2) + "\n")
+        table.append([name, rounds.cell(name, digits=2), rounds.ratio_cell(name, base), ops[name]])
+    print(markdown_table(["variant", "ms/step (median, min-max)", "vs no EMA (median, min-max)",
+                          "ops per EMA update"], table))
+    write_json(args.json, {"rows": rows, **rounds.to_json()})
     return rows
 
 

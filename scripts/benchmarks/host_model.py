@@ -11,8 +11,6 @@ while the device computes, T(b) = max(N c, b k). The script measures loop and fu
 --batches (interleaved rounds) and prints predicted against measured ratios, then the async
 model's speedup by batch, and what the seed article's 1200 -> 1800 img/s at batch 256 implies.
 """
-import argparse
-import json
 import time
 from pathlib import Path
 
@@ -61,16 +59,15 @@ def step_timer(cfg, device, batch, steps=3):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from mobilenet.harness import benchmark_parser
+    p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--amp", default="O0", choices=["O0", "O1", "O2"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--json")
     args = p.parse_args(argv)
-    from mobilenet.harness import interleave, op_budget
+    from mobilenet.harness import interleave, markdown_table, op_budget, write_json
     from mobilenet.measure import PHASES
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device
@@ -98,8 +95,7 @@ def main(argv=None):
     print(f"fitted through the fused step at batches {small} and {big}: {c_fit:.1f} us per launch, "
           f"k = {k_fit:.3f} ms/image")
     print(f"model ({'synchronous: T = N c + b k' if sync else 'asynchronous: T = max(N c, b k)'}) against "
-          f"measured step times\n| batch | loop ms (measured) | fused ms (measured) | loop/fused predicted, "
-          f"c of one add | predicted, fitted c | measured (median, min-max) |\n|---|---|---|---|---|---|")
+          f"measured step times")
 
     def predict(n, b, launch, per_image):
         return (n * launch / 1000 + b * per_image) if sync else max(n * launch / 1000, b * per_image)
@@ -111,8 +107,12 @@ def main(argv=None):
                      "predicted_ratio_fitted": (predict(counts["loop"], b, c_fit, k_fit) /
                                                 predict(counts["fused"], b, c_fit, k_fit)),
                      "measured_ratio": measured[0], "measured_spread": measured[1:]})
-        print(f"| {b} | {rows[-1]['loop_ms']:.1f} | {rows[-1]['fused_ms']:.1f} | {rows[-1]['predicted_ratio']:.3f}x | "
-              f"{rows[-1]['predicted_ratio_fitted']:.3f}x | {measured[0]:.3f}x ({measured[1]:.3f}-{measured[2]:.3f}) |")
+    print(markdown_table(["batch", "loop ms (measured)", "fused ms (measured)", "loop/fused predicted, c of one add",
+                          "predicted, fitted c", "measured (median, min-max)"],
+                         [[r["batch"], f"{r['loop_ms']:.1f}", f"{r['fused_ms']:.1f}", f"{r['predicted_ratio']:.3f}x",
+                           f"{r['predicted_ratio_fitted']:.3f}x", rounds.ratio_cell(f"loop b{r['batch']}",
+                                                                                f"fused b{r['batch']}")]
+                          for r in rows]))
     # the seed article: standard host-bound at 1200 img/s with batch 256 fixes c; fused at 1800
     n_std, n_fused, batch = counts["loop"], counts["fused"], ARTICLE["batch"]
     c_article = batch / ARTICLE["standard"] / n_std * 1e6
@@ -123,11 +123,9 @@ def main(argv=None):
           f"({batch / (n_fused * c_article / 1e6):.0f} img/s if still host-bound: a {ceiling:.2f}x ceiling), "
           f"so 1.5x means the device computes at most {ARTICLE['fused']:.0f} img/s "
           f"({1e6 / ARTICLE['fused']:.0f} us an image) and the fused step is device-bound there.")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": str(device), "launch_us": c, "launch_us_fitted": c_fit,
-                                               "launches": counts,
-                                               "ms_per_image": k, "rows": rows, "article_launch_us": c_article,
-                                               "host_bound_ceiling": ceiling, **rounds.to_json()}, indent=2) + "\n")
+    write_json(args.json, {"device": str(device), "launch_us": c, "launch_us_fitted": c_fit, "launches": counts,
+                           "ms_per_image": k, "rows": rows, "article_launch_us": c_article,
+                           "host_bound_ceiling": ceiling, **rounds.to_json()})
     return rows
 
 

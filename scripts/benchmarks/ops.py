@@ -8,8 +8,6 @@ fp32 master grads and the overflow check), optimizer (O2: and the masters copied
 ema, scheduler. Counted with a TorchDispatchMode on the step after 3 warm-up steps; the counts do
 not depend on the batch size.
 """
-import argparse
-import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +35,8 @@ def budgets(args, overrides):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from mobilenet.harness import benchmark_parser
+    p = benchmark_parser(__doc__, rounds=None)  # counts, not times
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--resolution", type=int, default=224)
@@ -45,20 +44,16 @@ def main(argv=None):
     p.add_argument("--levels", nargs="+", default=["O0", "O1", "O2"])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--ema-decay", type=float, default=0.0)
-    p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
+    from mobilenet.harness import markdown_table, write_json
     from mobilenet.measure import PHASES
     rows = budgets(args, overrides)
     print(f"aten ops per training step, MobileNetV1 x{args.width} at {args.resolution}px, "
           f"amp dtype {args.dtype}" + (f", EMA {args.ema_decay}" if args.ema_decay else ""))
-    print("| implementation | amp | " + " | ".join(PHASES) + " | total |\n|" + "---|" * (len(PHASES) + 3))
-    for row in rows:
-        print(f"| {row['implementation']} | {row['amp']} | " + " | ".join(str(row[p]) for p in PHASES) +
-              f" | {row['total']} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"width": args.width, "resolution": args.resolution,
-                                               "dtype": args.dtype, "phases": PHASES, "rows": rows},
-                                              indent=2) + "\n")
+    print(markdown_table(["implementation", "amp", *PHASES, "total"],
+                         [[row["implementation"], row["amp"], *(row[p] for p in PHASES), row["total"]] for row in rows]))
+    write_json(args.json, {"width": args.width, "resolution": args.resolution, "dtype": args.dtype,
+                           "phases": PHASES, "rows": rows})
     return rows
 
 

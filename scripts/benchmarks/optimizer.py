@@ -5,10 +5,7 @@ python scripts/bench.py optimizer [--device auto] [--width 1.0] [--optimizer sgd
 Prints ms/step (median over --rounds interleaved rounds of --iterations steps, with the spread and
 the other processes' CPU share per round) and aten ops dispatched per step.
 """
-import argparse
-import json
 import time
-from pathlib import Path
 
 
 
@@ -45,18 +42,17 @@ def prepare(optimizer, device, iterations):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
+    from mobilenet.harness import benchmark_parser
+    p = benchmark_parser(__doc__, rounds=7)
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw", "rmsprop"])
     p.add_argument("--iterations", type=int, default=50)
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
-    p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
 
     import torch
 
-    from mobilenet.harness import interleave
+    from mobilenet.harness import interleave, markdown_table, write_json
     from mobilenet.device import choose_device, describe, open_device
     from mobilenet.model import MobileNetV1
     from mobilenet.optim import describe_optimizer
@@ -73,8 +69,6 @@ def main(argv=None):
     base = next(iter(ops))
     print(f"{args.optimizer} step on MobileNetV1 x{args.width} ({sum(1 for _ in model.parameters())} "
           f"tensors), {describe(device)}; {rounds.describe()}")
-    print(f"| implementation | ms/step (median, min-max) | ops/step | time vs {base} (median, min-max) "
-          f"| ops vs {base} |\n|---|---|---|---|---|")
     rows = []
     for name in ops:
         ratio = rounds.ratio(name, base)
@@ -83,13 +77,12 @@ def main(argv=None):
                "ops_per_step": ops[name], "time_ratio": ratio[0], "time_ratio_spread": ratio[1:],
                "ops_ratio": ops[name] / ops[base]}
         rows.append(row)
-        print(f"| {row['class']} | {row['ms_per_step']:.3f} ({row['ms_spread'][0]:.3f}-"
-              f"{row['ms_spread'][1]:.3f}) | {row['ops_per_step']} | {ratio[0]:.2f}x ({ratio[1]:.2f}-"
-              f"{ratio[2]:.2f}) | {row['ops_ratio']:.3f}x |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": str(device), "optimizer": args.optimizer,
-                                               "width": args.width, "rows": rows, **rounds.to_json()},
-                                              indent=2) + "\n")
+    print(markdown_table(["implementation", "ms/step (median, min-max)", "ops/step",
+                          f"time vs {base} (median, min-max)", f"ops vs {base}"],
+                         [[row["class"], rounds.cell(row["variant"], digits=3), row["ops_per_step"],
+                           rounds.ratio_cell(row["variant"], base), f"{row['ops_ratio']:.3f}x"] for row in rows]))
+    write_json(args.json, {"device": str(device), "optimizer": args.optimizer, "width": args.width,
+                           "rows": rows, **rounds.to_json()})
     return rows
 
 

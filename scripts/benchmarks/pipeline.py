@@ -10,8 +10,6 @@ take turns in one process for --rounds rounds (reversed every other round); the 
 medians of the rounds' ratios, and rounds in which other processes took more than a quarter of
 the machine are dropped.
 """
-import argparse
-import json
 import time
 from pathlib import Path
 
@@ -53,15 +51,14 @@ def from_memory(args, overrides):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from mobilenet.harness import benchmark_parser
+    p = benchmark_parser(__doc__)
     p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
     p.add_argument("--workers", type=int, nargs="*", help="data.workers values (default: the recipe's)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--log-every", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--json")
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.harness import interleave, training_img_per_s
+    from mobilenet.harness import interleave, markdown_table, training_img_per_s, write_json
     variants = {"from memory": from_memory(args, overrides)}
     for workers in args.workers or [None]:
         name = "end to end" + (f", data.workers={workers}" if workers is not None else "")
@@ -70,17 +67,12 @@ def main(argv=None):
                                                                 args.steps, args.log_every)
     rounds = interleave(variants, args.rounds)
     print(f"{Path(args.config).name} {' '.join(overrides)}: {args.steps} steps; {rounds.describe()}")
-    print("| variant | img/s (median, min-max) | vs from memory (median, min-max) |\n|---|---|---|")
-    report = {"config": args.config, "overrides": overrides, **rounds.to_json(), "img_per_s": {},
-              "ratio": {}}
-    for name in variants:
-        low, high = rounds.spread(name)
-        ratio, rlow, rhigh = rounds.ratio(name, "from memory")
-        report["img_per_s"][name], report["ratio"][name] = rounds.median(name), ratio
-        print(f"| {name} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | "
-              f"{ratio:.2f}x ({rlow:.2f}-{rhigh:.2f}) |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    report = {"config": args.config, "overrides": overrides, **rounds.to_json(),
+              "img_per_s": {name: rounds.median(name) for name in variants},
+              "ratio": {name: rounds.ratio(name, "from memory")[0] for name in variants}}
+    print(markdown_table(["variant", "img/s (median, min-max)", "vs from memory (median, min-max)"],
+                         [[name, rounds.cell(name), rounds.ratio_cell(name, "from memory")] for name in variants]))
+    write_json(args.json, report)
     return report
 
 

@@ -8,8 +8,6 @@ only its loop machinery (prefetch, logging, checks) to compare. The runs take tu
 for --rounds rounds (reversed every other round); the ratios are medians of the rounds' ratios (a
 shared machine's speed drifts), rounds in which other processes took over a quarter of it dropped.
 """
-import argparse
-import json
 import time
 from pathlib import Path
 
@@ -57,15 +55,14 @@ def train_py(args, device, *overrides):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
+    from mobilenet.harness import benchmark_parser
+    p = benchmark_parser(__doc__)
     p.add_argument("--width", type=float, default=0.5)
     p.add_argument("--resolution", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
-    p.add_argument("--json")
     args = p.parse_args(argv)
     from mobilenet.device import choose_device, open_device
     device = open_device(choose_device(args.device))
@@ -73,20 +70,15 @@ def main(argv=None):
             "train.py": lambda: train_py(args, device),
             "train.py, channels_last off (the loop's own cost)":
                 lambda: train_py(args, device, "model.channels_last=false")}
-    from mobilenet.harness import interleave
+    from mobilenet.harness import interleave, markdown_table, write_json
     rounds = interleave(runs, args.rounds)
     report = {**rounds.to_json(), "img_per_s": {name: rounds.median(name) for name in runs},
               "ratio": {name: rounds.ratio(name, "plain loop")[0] for name in runs}}
     print(f"MobileNetV1 x{args.width} at {args.resolution}px, batch {args.batch_size}, {args.steps} steps, "
           f"fused SGD, fp32, {device}; {rounds.describe()}")
-    print("| loop | img/s (median, min-max) | vs plain loop (median, min-max) |\n|---|---|---|")
-    for name in runs:
-        low, high = rounds.spread(name)
-        ratio = rounds.ratio(name, "plain loop")
-        print(f"| {name} | {rounds.median(name):.1f} ({low:.1f}-{high:.1f}) | {ratio[0]:.2f}x "
-              f"({ratio[1]:.2f}-{ratio[2]:.2f}) |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown_table(["loop", "img/s (median, min-max)", "vs plain loop (median, min-max)"],
+                         [[name, rounds.cell(name), rounds.ratio_cell(name, "plain loop")] for name in runs]))
+    write_json(args.json, report)
     return report
 
 
