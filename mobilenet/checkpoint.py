@@ -22,10 +22,11 @@ def serialize(obj):
     return buffer.getvalue()
 
 
-def save_atomic(data, path):
+def save_atomic(data, path, what="the checkpoint"):
     """Writes ``data`` (bytes, or an object to torch.save) to ``path`` through a temporary file,
-    fsync and rename: a crash at any moment leaves the old file or the new one. An OS error (a full disk, say) removes the temporary
-    file and is a TrainingFailure naming the file and the cause; the previous file stays."""
+    fsync and rename: a crash at any moment leaves the old file or the new one. An OS error (a
+    full disk, say) removes the temporary file and is a TrainingFailure naming the file and the
+    cause; the previous file stays. Checkpoints and summary.json are written so."""
     path = Path(path)
     data = data if isinstance(data, bytes) else serialize(data)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -40,7 +41,7 @@ def save_atomic(data, path):
     except OSError as e:
         tmp.unlink(missing_ok=True)
         kept = f"the previous {path.name} is intact" if path.exists() else "nothing was saved there"
-        raise TrainingFailure(f"{path}: cannot save the checkpoint ({e.strerror or e}); {kept}") from None
+        raise TrainingFailure(f"{path}: cannot save {what} ({e.strerror or e}); {kept}") from None
 
 
 def fsync_dir(folder):
@@ -105,24 +106,31 @@ class Every:
         return True
 
 
-def load_latest(run_dir, say):
-    """(path, checkpoint) of the newest valid checkpoint in ``run_dir``/checkpoints, saying through
-    ``say`` which newer ones it skipped and why; None when there are none; a UsageError when there
-    are some but none is valid (starting fresh would train over them)."""
-    def newest_first(path):  # last.pt wins a tie: best.pt and epoch files are written after it
-        return path.stat().st_mtime, path.name == "last.pt"
+def load_latest(run_dir, say, is_training):
+    """(path, checkpoint) of the training checkpoint in ``run_dir``/checkpoints that got furthest
+    (the epoch and step recorded inside, not the file's time; last.pt wins a tie), saying through
+    ``say`` which files it skipped and why (unreadable, or no training checkpoint by
+    ``is_training``); None when there are none; a UsageError when there are files but none can
+    continue the run (starting fresh would train over them)."""
     folder = Path(run_dir) / "checkpoints"
-    candidates = sorted(folder.glob("*.pt"), key=newest_first, reverse=True)
-    reasons = []
-    for path in candidates:
+    paths = sorted(folder.glob("*.pt"))
+    found, reasons = [], []
+    for path in paths:
         try:
-            found = path, load_checkpoint(path)
+            state = load_checkpoint(path)
         except UsageError as e:
             reasons.append(str(e))
             say(f"--resume auto: skipping {e}")
             continue
-        return found
-    if candidates:
+        if not is_training(state):
+            reasons.append(f"{path}: weights only, no training state")
+            say(f"--resume auto: skipping {path}: weights only, no training state")
+            continue
+        found.append(((state["epoch"], state["step"], path.name == "last.pt"), path, state))
+    if found:
+        _, path, state = max(found, key=lambda item: item[0])
+        return path, state
+    if paths:
         raise UsageError(f"--resume auto: no valid checkpoint in {folder} ({'; '.join(reasons)[:300]}); "
                          f"move them away to start fresh, or pass --resume FILE")
     return None

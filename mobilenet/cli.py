@@ -120,6 +120,9 @@ def dialect_settings(args, processes):
     """[(origin, {setting: value}, note)] for the dialect flags given; ``note`` says what a flag
     with a per-node meaning became per process (for the log and derived.command_line)."""
     found = []
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError(f"--max_steps/--stop-step-num {args.max_steps}: give at least 1 step (without "
+                         f"the flag the run has no step cap)")
 
     def add(origin, settings, note=None):
         found.append((origin, settings,

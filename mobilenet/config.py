@@ -7,6 +7,7 @@ channels_last, optimizer implementation, amp backend, output folder) into a read
 Every user mistake raises UsageError.
 """
 import copy
+import math
 from pathlib import Path
 
 import yaml
@@ -105,7 +106,7 @@ FLAGS = {"optim.impl": "--optimizer", "data.path": "--data", "device": "--device
 AUTO_OR_BOOL = {"model.channels_last", "optim.foreach"}
 # The interval every number must lie in (each element of a list), as the message shows it.
 RANGES = {
-    "seed": "[0, inf)",
+    "seed": "[0, 4294967295]",  # torch and numpy seed generators take 32 bits at least
     "model.width_mult": "(0, inf)", "model.num_classes": "[1, inf)", "model.resolution": "[1, inf)",
     "data.batch_size": "[1, inf)", "data.val_batch_size": "[1, inf)", "data.workers": "[0, inf)",
     "data.min_scale": "(0, 1]", "data.val_resize_ratio": "(0, 1]", "data.synthetic_size": "[1, inf)",
@@ -126,6 +127,8 @@ def describe_range(interval):
     low, high = interval[1:-1].split(", ")
     if high == "inf":
         return "positive" if interval[0] == "(" and low == "0" else f"at least {low}"
+    if interval[0] == "[" and interval[-1] == "]":
+        return f"at least {low} and at most {high}"
     return f"in {interval}"
 
 
@@ -186,6 +189,8 @@ def coerce(dotted, default, value, origin):
     """Checks ``value`` against the default's type; ints are accepted where floats are."""
     def bad(expected):
         return UsageError(f"{origin}: '{dotted}' must be {expected}, got {value!r}")
+    if value is None and default is not None:  # `key=`, `key=null`, `key: ~`
+        raise UsageError(f"{origin}: '{dotted}' needs a value (default {default!r}); got none")
     if default is None or value is None:
         if value is not None and not isinstance(value, (str, int, float)):
             raise bad("a string")
@@ -212,12 +217,14 @@ def coerce(dotted, default, value, origin):
     elif dotted == "amp.loss_scale":
         value = to_number(value) if value != "dynamic" else value
         if value != "dynamic" and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                   or value <= 0):
+                                   or not 0 < value < math.inf):  # nan and inf: every step skipped
             raise bad("'dynamic' or a positive number")
     elif not isinstance(value, str):
         raise bad("a string")
     if dotted in CHOICES and value not in CHOICES[dotted]:
         raise bad("one of " + "|".join(sorted(CHOICES[dotted])))
+    if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])):
+        raise bad("a finite number")
     interval = RANGES.get(dotted)
     if interval and not all(in_range(v, interval) for v in (value if isinstance(value, list) else [value])):
         raise bad(describe_range(interval))

@@ -24,7 +24,7 @@ from mobilenet.errors import TrainingFailure, UsageError
 from mobilenet.logging import RunLogger, accuracy_line, progress_line
 from mobilenet.measure import OtherLoad, StepBreakdown, profiler
 from mobilenet.optim import describe_optimizer
-from mobilenet.training import TrainingState
+from mobilenet.training import TrainingState, is_training_checkpoint
 
 
 @dataclass
@@ -51,10 +51,17 @@ DATA_WAIT_HINT = (0.3, 3)  # a share of the step and a number of consecutive log
 COMPILE_STEPS = 2
 
 
+def stop_signals():
+    """SIGTERM, SIGINT and SIGHUP (a closed terminal; torchrun forwards it), except a SIGHUP that
+    was ignored when the run started (nohup, which ModelZoo's scripts use): that stays ignored."""
+    return [s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+            if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
+
+
 class StopOnSignal:
-    """SIGTERM/SIGINT, to this process, its group or every process of the job (torchrun, Slurm and
-    container runtimes differ), ask the run to stop after the current step; a second SIGINT
-    interrupts. The loader's workers outlive both meanwhile (WorkerSignals), so the run can finish
+    """SIGTERM/SIGINT/SIGHUP (stop_signals), to this process, its group or every process of the
+    job (torchrun, Slurm and container runtimes differ), ask the run to stop after the current
+    step; a second SIGINT interrupts. The loader's workers outlive both meanwhile (WorkerSignals), so the run can finish
     the step and save. Processes agree after every step (a one-element reduction on the host, no
     device sync), so all stop after the same step."""
 
@@ -64,7 +71,7 @@ class StopOnSignal:
     def __enter__(self):
         if self.world.size > 1:
             host_group()  # made by every rank at the same point
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.previous = {s: signal.signal(s, self.handle) for s in stop_signals()}
         return self
 
     def __exit__(self, *exc):
@@ -102,7 +109,7 @@ def run(cfg, *, resume=None, evaluate_only=False):
             if world.restart:
                 r.log.info(f"torchrun restart {world.restart}: resuming from the newest checkpoint")
             if resume:
-                restore(r, resume, fallback)
+                restore(r, resume, fallback, evaluate_only)
             if evaluate_only:
                 return evaluate_only_run(r)
             if finished(r):
@@ -174,14 +181,24 @@ def evaluate_only_run(r):
 
 def already_complete(r):
     """--resume of a finished run: says so and leaves its files as they are."""
-    summary_path = Path(r.cfg["output"]) / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = read_summary(Path(r.cfg["output"]) / "summary.json", r.log.info)
     train = r.cfg["train"]
     cap = f", {train['max_steps']} steps at most (train.max_steps)" if train["max_steps"] else ""
     r.log.info(f"{r.cfg['output']} is complete: {r.state.epoch} of {train['epochs']} epochs{cap} trained "
                f"(best top-1 {r.state.best_top1:.3f}); nothing to do. To train longer, raise --epochs"
                f"{' or train.max_steps' if cap else ''}.")
     return summary
+
+
+def read_summary(path, say):
+    """A finished run's summary.json; {} (said) when it is missing or damaged."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        say(f"note: {path} is unreadable ({type(e).__name__}); the checkpoints are intact")
+        return {}
 
 
 def fit(r):
@@ -272,7 +289,7 @@ def finish(r, totals, results):
         r.log.info(f"warning: {unreadable} unreadable image files were skipped (see the warnings)")
     if r.world.is_main:
         out = Path(cfg["output"])
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        ckpt.save_atomic((json.dumps(summary, indent=2) + "\n").encode(), out / "summary.json", "the summary")
         r.log.info(f"top-1 {top1:.2f}%, {summary['img_per_s']:.1f} images/s. Run directory {out}: "
                    f"config.yaml, checkpoints/last.pt and best.pt, metrics.jsonl, summary.json; "
                    f"TensorBoard: tensorboard --logdir {out}")
@@ -466,11 +483,15 @@ def accuracy(net, batches, autocast, device):
     return Accuracy(100 * top1 / max(total, 1), 100 * top5 / max(total, 1), int(total), int(left_out))
 
 
-def restore(r, resume, fallback=None):
-    """Loads a checkpoint ('auto': the newest valid one in the run directory, else ``fallback``)."""
+def restore(r, resume, fallback=None, evaluate_only=False):
+    """Loads a checkpoint ('auto': the one of the run directory that got furthest, else
+    ``fallback``)."""
     if resume == "auto":
-        found = ckpt.load_latest(r.cfg["output"], r.log.info)
+        found = ckpt.load_latest(r.cfg["output"], r.log.info, is_training_checkpoint)
         if found is None and not fallback:
+            if evaluate_only:  # random weights are nothing to evaluate
+                raise UsageError(f"--evaluate --resume auto: no checkpoint in {r.cfg['output']}/checkpoints; "
+                                 f"pass --output of a run that has one, or --resume FILE")
             r.log.info(f"--resume auto: no checkpoint in {r.cfg['output']}, starting fresh")
             return
         resume, state = found or (fallback, ckpt.load_checkpoint(fallback))
@@ -478,3 +499,6 @@ def restore(r, resume, fallback=None):
         state = ckpt.load_checkpoint(resume)
     r.state.load_state_dict(state, str(resume))
     r.log.info(f"resumed from {resume} (epoch {r.state.epoch}, step {r.state.step})")
+    changes = r.state.changes_since(state)
+    if changes:
+        r.log.info(f"note: {changes}")

@@ -6,6 +6,8 @@ interval's loss as field 14; validation lines `` * Prec@1 X Prec@5 Y`` the top-1
 other line contains ``img/s`` or ``Epoch:``.
 """
 import json
+import os
+import sys
 from pathlib import Path
 
 from mobilenet.errors import UsageError
@@ -38,6 +40,7 @@ class RunLogger:
 
     def __init__(self, run_dir, enabled=True):
         self.run_dir, self.enabled = Path(run_dir), enabled
+        self.console = enabled
         self.tensorboard = self.metrics = None
 
     def start(self):
@@ -51,8 +54,13 @@ class RunLogger:
         self.tensorboard = SummaryWriter(str(self.run_dir))
 
     def info(self, message):
-        if self.enabled:
+        if not self.console:
+            return
+        try:
             print(message, flush=True)
+        except OSError:  # the terminal is gone (EIO after a hangup, a closed pipe): the run goes on
+            self.console = False  # and saves; what it would print goes to metrics.jsonl and TensorBoard
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     def record(self, kind, step, **values):
         """One metrics.jsonl line and one TensorBoard scalar per value, tagged ``kind/name``."""

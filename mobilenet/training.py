@@ -74,6 +74,16 @@ class TrainingState:
         set_rng_states(state["rng"], self.device)
         return True
 
+    def changes_since(self, state):
+        """What a resume of ``state`` changes (global batch, LR, data order), or None."""
+        derived = (state.get("config") or {}).get("derived") or {}
+        was = (derived.get("world_size"), derived.get("global_batch"), derived.get("lr"))
+        now = tuple(self.cfg["derived"][key] for key in ("world_size", "global_batch", "lr"))
+        if None in was or was == now:
+            return None
+        return (f"the checkpoint trained with {was[0]} process(es), global batch {was[1]}, lr {was[2]:g}; "
+                f"this run has {now[0]}, {now[1]}, lr {now[2]:g}, and so another data order")
+
     def check_resumable(self, state, source):
         """The one place that says why a training checkpoint cannot continue in this run."""
         weights_only = f"to start from its weights only, pass model.pretrained={source} instead of --resume"
@@ -82,6 +92,14 @@ class TrainingState:
         if saved and saved != algorithm:
             raise UsageError(f"{source}: trained with optimizer {saved}, this run uses {algorithm} "
                              f"(optim.name); {weights_only}")
+        saved = state.get("config") or {}
+        was = ((saved.get("derived") or {}).get("world_size"), (saved.get("data") or {}).get("batch_size"))
+        now = (self.cfg["derived"]["world_size"], self.cfg["data"]["batch_size"])
+        if state["step"] and None not in was and was != now:
+            raise UsageError(f"{source}: stopped mid-epoch (step {state['step']}) with {was[0]} process(es) x "
+                             f"data.batch_size {was[1]}; this run has {now[0]} x {now[1]}, so the epoch would "
+                             f"go on from another place; resume with {was[0]} x {was[1]}, or from a checkpoint "
+                             f"written at an epoch's end")
         groups = [len(group["params"]) for group in state["optimizer"].get("param_groups", [])]
         own = [len(group["params"]) for group in self.train_step.optimizer.param_groups]
         if groups != own:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import train
 from conftest import ROOT, TINY
@@ -166,3 +167,43 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_checkpoint
     assert "Traceback" not in result.stderr
     assert not [name for name in result.stdout.split() if name.endswith(".tmp")]  # cleaned up
     assert load_checkpoint(copy / "last.pt")["epoch"] == 1
+
+
+def test_resume_auto_picks_by_position_and_skips_weights_files(two_epochs, digits, capsys):
+    """An older epoch file touched later, and a bare weights file, must not be resumed."""
+    folder = two_epochs / "checkpoints"
+    os.utime(folder / "epoch_001.pt")  # newer by file time, older by position
+    torch.save({"state_dict": load_checkpoint(folder / "last.pt")["state_dict"]}, folder / "weights.pt")
+    capsys.readouterr()
+    assert run(digits, two_epochs, "--epochs", "2", "train.keep_checkpoints=2", "--resume", "auto") == 0
+    out = capsys.readouterr().out
+    assert "weights.pt: weights only, no training state" in out
+    assert "is complete: 2 of 2 epochs trained" in out
+
+
+def test_evaluate_resume_auto_without_a_checkpoint_is_an_error(tmp_path, digits, capsys):
+    assert run(digits, tmp_path / "empty", "--evaluate", "--resume", "auto") == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error: --evaluate --resume auto: no checkpoint in")
+
+
+def test_resume_with_another_batch_says_what_changes_or_refuses_mid_epoch(two_epochs, digits, capsys):
+    capsys.readouterr()
+    assert run(digits, two_epochs, "--epochs", "3", "data.batch_size=16", "--resume", "auto") == 0
+    assert ("note: the checkpoint trained with 1 process(es), global batch 32, lr 0.1; this run has 1, "
+            "16, lr 0.1, and so another data order") in capsys.readouterr().out
+    mid = two_epochs.parent / "mid"
+    assert run(digits, mid, "--epochs", "2", "train.max_steps=6") == 0  # stops at epoch 1, step 2
+    assert load_checkpoint(mid / "checkpoints" / "last.pt")["step"] == 2
+    capsys.readouterr()
+    assert run(digits, mid, "--epochs", "2", "data.batch_size=16", "--resume", "auto") == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "stopped mid-epoch (step 2) with 1 process(es) x data.batch_size 32" in error[0]
+
+
+def test_a_damaged_summary_does_not_stop_resume_auto_of_a_finished_run(two_epochs, digits, capsys):
+    (two_epochs / "summary.json").write_text('{"top1": 9')  # cut short, as by a crash mid-write
+    capsys.readouterr()
+    assert run(digits, two_epochs, "--epochs", "2", "train.keep_checkpoints=2", "--resume", "auto") == 0
+    out = capsys.readouterr().out
+    assert "summary.json is unreadable (JSONDecodeError)" in out and "is complete" in out

@@ -191,3 +191,16 @@ def test_settings_that_contradict_each_other(settings, message):
 def test_launcher_flags_are_checked(flags, message):
     result = subprocess.run(["bash", "train.sh", *flags], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip() == f"error: {message}", result.stderr
+
+
+@pytest.mark.parametrize("override,message", [
+    ("optim.lr=", "'optim.lr' needs a value"), ("data.batch_size=null", "'data.batch_size' needs a value"),
+    ("train.epochs=~", "'train.epochs' needs a value"),
+    ("amp.loss_scale=inf", "'amp.loss_scale' must be 'dynamic' or a positive number"),
+    ("amp.loss_scale=nan", "'amp.loss_scale' must be 'dynamic' or a positive number"),
+    ("optim.lr=inf", "'optim.lr' must be a finite number"), ("optim.betas=[0.9, .nan]", "a finite number"),
+    ("seed=18446744073709551616", "'seed' must be at least 0 and at most 4294967295"),
+])
+def test_empty_null_and_non_finite_values_are_usage_errors(override, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        build_config(None, [override])

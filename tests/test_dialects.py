@@ -92,6 +92,7 @@ def test_modelzoo_command_equals_native_command():
     (["--apex-opt-level", "O2"], ["--apex-opt-level", "--apex"]),
     (["--loss-scale-value", "128"], ["--loss-scale-value", "--apex"]),
     (["--momentum", "1.5"], ["--momentum 1.5", "optim.momentum"]),
+    (["--stop-step-num", "0"], ["--max_steps/--stop-step-num 0", "at least 1"]),
 ])
 def test_dialect_mistakes_are_one_line_errors(tmp_path, argv, fragments):
     result = run_train(*argv, "--output", tmp_path)

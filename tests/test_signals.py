@@ -79,3 +79,39 @@ def test_sigterm_to_torchrun_or_every_process_stops_all_ranks_together(tmp_path,
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 1
     assert_same_weights(straight_two_ranks, out)
+
+
+def test_sighup_with_the_terminal_gone_saves_and_resumes_bit_identical(tmp_path, digits, straight_demo):
+    """A closed terminal: SIGHUP to the foreground group, and every later print fails."""
+    out = tmp_path / "hangup"
+    args = [sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits), "--output", str(out)]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("Epoch: [0][10/"):
+            break
+    proc.stdout.close()
+    os.killpg(proc.pid, signal.SIGHUP)
+    errors = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, errors[-2000:]
+    assert "Traceback" not in errors
+    state = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert state["epoch"] == 0 and 10 <= state["step"] < 44
+    assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--resume", "auto"]) == 0
+    assert_same_weights(straight_demo, out)
+
+
+def test_sighup_stays_ignored_under_nohup(tmp_path, digits):
+    out = tmp_path / "nohup"
+    args = [sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits), "--output", str(out),
+            "train.max_steps_per_epoch=20"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    for line in proc.stdout:
+        if line.startswith("Epoch: [0][10/"):
+            os.killpg(proc.pid, signal.SIGHUP)  # the run and its loader workers
+            break
+    rest, errors = proc.communicate(timeout=300)
+    assert proc.returncode == 0, errors[-2000:]
+    assert "stopped" not in rest and json.loads((out / "summary.json").read_text())["epochs"] == 2
