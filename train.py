@@ -10,7 +10,7 @@ def main(argv=None):
         args = build_parser(__doc__).parse_intermixed_args(argv)
         cfg = config_from_args(args)
         from mobilenet.engine import run  # the engine loads after the config is known to be valid
-        run(cfg, resume=args.resume, evaluate_only=args.evaluate)
+        run(cfg, resume=args.resume, evaluate_only=args.evaluate, start_over=args.start_over)
     return exit_code(train)
 
 

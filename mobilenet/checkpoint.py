@@ -136,6 +136,14 @@ def load_latest(run_dir, say, is_training):
     return None
 
 
+def run_files(run_dir):
+    """The files a run leaves in ``run_dir`` (checkpoints, metrics, TensorBoard events, summary)."""
+    run_dir = Path(run_dir)
+    found = [run_dir / name for name in ("checkpoints", "metrics.jsonl", "summary.json")
+             if (run_dir / name).exists()]
+    return found + sorted(run_dir.glob("events.out.tfevents.*"))
+
+
 def remove_temporaries(run_dir):
     """Deletes the temporary files of saves that a crash interrupted; returns their paths."""
     stale = sorted((Path(run_dir) / "checkpoints").glob(".*.tmp"))

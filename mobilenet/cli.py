@@ -59,6 +59,8 @@ def build_parser(description=None):
     p.add_argument("--epochs", type=int, help="train.epochs")
     p.add_argument("--output", help="run directory (default runs/<config>-<optimizer>)")
     p.add_argument("--resume", help="checkpoint to resume from, or 'auto' for the newest in --output")
+    p.add_argument("--start-over", action="store_true",
+                   help="train from scratch in an --output that holds a run, removing its files")
     p.add_argument("-e", "--evaluate", action="store_true",
                    help="only evaluate (weights from --resume or model.pretrained)")
     p.add_argument("--compile", action="store_true", default=None,

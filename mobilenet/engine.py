@@ -3,6 +3,7 @@ import contextlib
 import itertools
 import json
 import math
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class Run:
     val_seconds: float = 0.0   # the last validation's duration (for the ETA)
     slow_data_intervals: int = 0  # consecutive log intervals spent mostly waiting for data
     compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
+    resumed: bool = False      # from a training checkpoint (its later records are dropped)
 
 
 DATA_WAIT_HINT = (0.3, 3)  # a share of the step and a number of consecutive log intervals
@@ -86,10 +88,11 @@ class StopOnSignal:
         return any_rank(self.received is not None)
 
 
-def run(cfg, *, resume=None, evaluate_only=False):
+def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
     """Trains (or only evaluates) as the resolved ``cfg`` says; returns the summary dict.
     ``resume``: a checkpoint path or 'auto' (the newest valid one in the run directory). After a
-    torchrun restart (--max-restarts) the run resumes with 'auto', falling back to ``resume``."""
+    torchrun restart (--max-restarts) the run resumes with 'auto', falling back to ``resume``.
+    A run directory that holds a run is trained over only with ``start_over`` (its files go)."""
     if "derived" not in cfg:
         raise TypeError("run() takes a resolved config: run(resolve(build_config(...)))")
     if evaluate_only and not (resume or cfg["model"]["pretrained"]):
@@ -104,7 +107,7 @@ def run(cfg, *, resume=None, evaluate_only=False):
     device = open_device(cfg["derived"]["device"], world.local_rank)
     init_process_group(world, device)
     try:
-        with run_directory(cfg, world, evaluate_only):
+        with run_directory(cfg, world, evaluate_only, resume, start_over):
             r = build_run(cfg, world, device)
             if world.restart:
                 r.log.info(f"torchrun restart {world.restart}: resuming from the newest checkpoint")
@@ -121,15 +124,29 @@ def run(cfg, *, resume=None, evaluate_only=False):
 
 
 @contextlib.contextmanager
-def run_directory(cfg, world, evaluate_only):
+def run_directory(cfg, world, evaluate_only, resume, start_over):
     """Rank 0 holds the run directory's lock for the whole run and removes the temporary files of
-    saves that a crash interrupted. Evaluation writes nothing and takes no lock."""
+    saves that a crash interrupted; a directory that holds a run is not trained over unless the
+    run resumes it or starts over (which removes its files). Evaluation writes nothing and takes
+    no lock."""
     if evaluate_only or not world.is_main:
         yield
         return
     with ckpt.RunLock(cfg["output"]):
         for path in ckpt.remove_temporaries(cfg["output"]):
             print(f"removed {path}, left by an interrupted save", flush=True)
+        previous = ckpt.run_files(cfg["output"])
+        if previous and not resume:
+            if not start_over:
+                raise UsageError(f"--output {cfg['output']} holds a run ({previous[0].name}, ...); continue it "
+                                 f"with --resume auto, start over there with --start-over (its files go), "
+                                 f"or pass another --output")
+            for path in previous:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            print(f"--start-over: removed the previous run's files from {cfg['output']}", flush=True)
         yield
 
 
@@ -169,7 +186,7 @@ def start_outputs(r):
     """Once the run is known to start or resume: config.yaml, metrics.jsonl, TensorBoard."""
     if r.world.is_main:
         (Path(r.cfg["output"]) / "config.yaml").write_text(yaml.safe_dump(thaw(r.cfg), sort_keys=False))
-    r.log.start()
+    r.log.start(resumed_at=steps_done(r) if r.resumed else None)
 
 
 def evaluate_only_run(r):
@@ -497,7 +514,7 @@ def restore(r, resume, fallback=None, evaluate_only=False):
         resume, state = found or (fallback, ckpt.load_checkpoint(fallback))
     else:
         state = ckpt.load_checkpoint(resume)
-    r.state.load_state_dict(state, str(resume))
+    r.resumed = r.state.load_state_dict(state, str(resume))
     r.log.info(f"resumed from {resume} (epoch {r.state.epoch}, step {r.state.step})")
     changes = r.state.changes_since(state)
     if changes:

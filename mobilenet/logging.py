@@ -34,6 +34,21 @@ def accuracy_line(top1, top5, note="", prefix=""):
     return f" *{prefix} Prec@1 {top1:.3f} Prec@5 {top5:.3f}" + (f"  ({note})" if note else "")
 
 
+def keep_records_up_to(path, step):
+    """Rewrites metrics.jsonl (atomically) without the records of steps after ``step`` and without
+    a line a crash cut short."""
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
 class RunLogger:
     """Console lines from rank 0 (``enabled=False``: none), and, once ``start()`` is called (after
     the run has checked it can resume), metrics.jsonl and TensorBoard event files in ``run_dir``."""
@@ -43,15 +58,21 @@ class RunLogger:
         self.console = enabled
         self.tensorboard = self.metrics = None
 
-    def start(self):
+    def start(self, resumed_at=None):
+        """Opens metrics.jsonl and TensorBoard. ``resumed_at``: the step a resumed run continues
+        after; the records of later steps (written after that checkpoint, and replayed now) go."""
         if not self.enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
+        path = self.run_dir / "metrics.jsonl"
         try:
-            self.metrics = open(self.run_dir / "metrics.jsonl", "a")
+            if resumed_at is not None and path.exists():
+                keep_records_up_to(path, resumed_at)
+            self.metrics = open(path, "a")
         except OSError as e:
             raise UsageError(f"--output {self.run_dir}: cannot write there ({e.strerror})") from None
-        self.tensorboard = SummaryWriter(str(self.run_dir))
+        purge = {} if resumed_at is None else {"purge_step": resumed_at + 1}
+        self.tensorboard = SummaryWriter(str(self.run_dir), **purge)
 
     def info(self, message):
         if not self.console:

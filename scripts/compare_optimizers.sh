@@ -15,6 +15,6 @@ declare -A settings=([loop]="--optimizer standard optim.foreach=false"
 for name in loop foreach fused; do
   echo "== $name" >&2
   # shellcheck disable=SC2086  # the settings are words
-  bash "$ROOT/train.sh" "$@" ${settings[$name]} --output "$out/$name" train.measure_breakdown=true >&2
+  bash "$ROOT/train.sh" "$@" ${settings[$name]} --output "$out/$name" --start-over train.measure_breakdown=true >&2
 done
 "$PY" "$ROOT/scripts/compare_report.py" "$out"

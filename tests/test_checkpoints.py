@@ -207,3 +207,16 @@ def test_a_damaged_summary_does_not_stop_resume_auto_of_a_finished_run(two_epoch
     assert run(digits, two_epochs, "--epochs", "2", "train.keep_checkpoints=2", "--resume", "auto") == 0
     out = capsys.readouterr().out
     assert "summary.json is unreadable (JSONDecodeError)" in out and "is complete" in out
+
+
+def test_a_run_is_not_trained_over_unless_asked(two_epochs, digits, capsys):
+    before = (two_epochs / "checkpoints" / "last.pt").read_bytes()
+    capsys.readouterr()
+    assert run(digits, two_epochs, "--epochs", "1") == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "holds a run" in error[0] and "--resume auto" in error[0] and "--start-over" in error[0]
+    assert (two_epochs / "checkpoints" / "last.pt").read_bytes() == before
+    assert run(digits, two_epochs, "--epochs", "1", "--start-over") == 0
+    records = [json.loads(line) for line in (two_epochs / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["kind"] == "val"] == [0]  # the old run's records are gone
+    assert not (two_epochs / "checkpoints" / "epoch_002.pt").exists()

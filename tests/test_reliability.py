@@ -58,10 +58,15 @@ def test_nonfinite_loss_stops_without_overwriting_the_checkpoint(tmp_path, digit
             "train.max_steps_per_epoch=6", "--epochs", "1"]
     assert run_train(*base).returncode == 0
     before = (out / "checkpoints" / "last.pt").read_bytes()
-    result = run_train(*base, "optim.lr=1e30", "schedule.warmup_epochs=0")
+    # a diverging run is not let into a directory that holds a run unless asked (--start-over)...
+    assert run_train(*base, "optim.lr=1e30", "schedule.warmup_epochs=0").returncode == 2
+    assert (out / "checkpoints" / "last.pt").read_bytes() == before
+    # ...and, where it runs, it stops at the first non-finite loss and saves nothing
+    fresh = tmp_path / "fresh"
+    result = run_train(*base[:4], "--output", fresh, *base[6:], "optim.lr=1e30", "schedule.warmup_epochs=0")
     assert result.returncode == 2
     assert result.stderr.startswith("error: the loss became nan") and result.stderr.count("\n") == 1
-    assert (out / "checkpoints" / "last.pt").read_bytes() == before
+    assert not (fresh / "checkpoints").exists()
 
 
 def write_broken_folder(root):

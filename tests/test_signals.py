@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
 from conftest import (ROOT, TINY, TWO_RANKS, assert_same_weights, process_tree, start_two_ranks,
@@ -99,6 +100,30 @@ def test_sighup_with_the_terminal_gone_saves_and_resumes_bit_identical(tmp_path,
     assert state["epoch"] == 0 and 10 <= state["step"] < 44
     assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--resume", "auto"]) == 0
     assert_same_weights(straight_demo, out)
+
+
+def test_steps_replayed_after_a_kill_are_recorded_once(tmp_path, digits, straight_demo):
+    """kill -9 in epoch 1: the resume replays epoch 1 from its start; metrics.jsonl and TensorBoard
+    keep one record per step, as an uninterrupted run has them."""
+    out = tmp_path / "killed"
+    args = [sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits), "--output", str(out)]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("Epoch: [1][10/"):
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+    proc.communicate(timeout=60)
+    assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--resume", "auto"]) == 0
+    steps = [[(r["kind"], r["step"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+             for run in (straight_demo, out)]
+    assert steps[1] == steps[0]
+    events = []
+    for run in (straight_demo, out):
+        accumulator = EventAccumulator(str(run))
+        accumulator.Reload()
+        events.append([event.step for event in accumulator.Scalars("train/loss")])
+    assert events[1] == events[0]
 
 
 def test_sighup_stays_ignored_under_nohup(tmp_path, digits):

@@ -39,7 +39,7 @@ fi
 
 start_time=$(date +%s)
 code=0
-bash "$root/train.sh" --nproc "$RankSize" --config "$root/configs/imagenet.yaml" --output "$out/run" \
+bash "$root/train.sh" --nproc "$RankSize" --config "$root/configs/imagenet.yaml" --output "$out/run" --start-over \
   "data.path=$data_path" data.batch_size=256 amp.level=O2 amp.loss_scale=1024 train.log_every=10 \
   "${recipe[@]}" "${rest[@]}" >"$log" 2>&1 || code=$?
 e2e_time=$(( $(date +%s) - start_time ))
