@@ -230,7 +230,7 @@ def fit(r):
 
     def save_if_due():
         if periodic.due():
-            saver.save_last(r.state.state_dict())
+            save_last_if_finite(r, saver)
     with StopOnSignal(r.world) as stop, r.worker_signals.protect(), trace as prof:
         while not finished(r):
             meter = train_one_epoch(r, stop, prof, run_start, save_if_due)
@@ -314,10 +314,19 @@ def finish(r, totals, results):
     return summary
 
 
+def save_last_if_finite(r, saver):
+    """last.pt between log intervals (periodic, or on a signal), unless the weights diverged since
+    the last loss check: then the run stops and the last good checkpoint stays."""
+    if not r.state.weights_finite():
+        raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before step "
+                              f"{r.state.step}: stopped; nothing saved after {saver.last}")
+    saver.save_last(r.state.state_dict())
+
+
 def stopped(r, saver, stop):
     """After SIGTERM/SIGINT: a resumable last.pt, and how to resume."""
     if r.world.is_main:
-        saver.save_last(r.state.state_dict())
+        save_last_if_finite(r, saver)
     r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.state.epoch} step "
                f"{r.state.step}, saved {saver.last}. Resume with the same command plus "
                f"--output {r.cfg['output']} --resume auto")

@@ -70,6 +70,10 @@ class TrainStep:
         """{label: network} to validate: the model, and its EMA when there is one."""
         return {"": self.net, **({"EMA": self.ema.module} if self.ema is not None else {})}
 
+    def optimizer_params(self):
+        """The tensors the optimizer updates (the fp32 masters under O2)."""
+        return (p for group in self.optimizer.param_groups for p in group["params"])
+
     def metrics(self):
         return self.precision.metrics()
 

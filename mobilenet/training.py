@@ -42,6 +42,11 @@ class TrainingState:
         self.step += 1
         return loss
 
+    def weights_finite(self):
+        """Whether every weight is finite (one device read: for saves between loss checks)."""
+        params = list(self.train_step.optimizer_params())
+        return bool(torch.stack([p.detach().isfinite().all() for p in params]).all())
+
     def state_dict(self):
         step = self.train_step
         return {"arch": "mobilenet_v1", "epoch": self.epoch, "step": self.step,

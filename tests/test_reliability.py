@@ -137,3 +137,25 @@ def test_bad_inputs_are_one_line_errors(tmp_path, digits):
         result = run_train("--config", "configs/demo.yaml", *TINY, "--output", tmp_path / "out", *args)
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
+
+
+def test_a_save_between_loss_checks_keeps_the_last_good_checkpoint(tmp_path):
+    """The loss is checked at log intervals; a periodic or signal save between them must not write
+    diverged weights over the last good checkpoint."""
+    from types import SimpleNamespace
+
+    from mobilenet.checkpoint import CheckpointSaver
+    from mobilenet.config import build_config, resolve
+    from mobilenet.engine import save_last_if_finite
+    from mobilenet.errors import TrainingFailure
+    from mobilenet.training import TrainingState
+    cfg = resolve(build_config(ROOT / "configs" / "demo.yaml", ["device=cpu"]))
+    r = SimpleNamespace(state=TrainingState(cfg, torch.device("cpu"), steps_per_epoch=10))
+    saver = CheckpointSaver(tmp_path)
+    save_last_if_finite(r, saver)
+    good = saver.last.read_bytes()
+    with torch.no_grad():
+        r.state.train_step.net.fc.weight[0, 0] = float("nan")
+    with pytest.raises(TrainingFailure, match="the weights became non-finite"):
+        save_last_if_finite(r, saver)
+    assert saver.last.read_bytes() == good
