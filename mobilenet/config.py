@@ -146,7 +146,10 @@ def load_yaml(path):
     except OSError as e:
         raise UsageError(f"--config {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise UsageError(f"--config {path}: invalid YAML ({str(e).splitlines()[0]})") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"--config {path}: invalid YAML{where} ({problem})") from None
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: expected a mapping of settings")
     return data

@@ -204,3 +204,11 @@ def test_launcher_flags_are_checked(flags, message):
 def test_empty_null_and_non_finite_values_are_usage_errors(override, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         build_config(None, [override])
+
+
+def test_yaml_errors_name_the_line_and_column(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("optim:\n  lr: 0.1\n  momentum: [0.9\n")
+    with pytest.raises(UsageError, match=r"broken.yaml: invalid YAML at line 4, column 1 \(") as error:
+        build_config(path)
+    assert "\n" not in str(error.value)

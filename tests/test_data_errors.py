@@ -123,3 +123,17 @@ def test_a_loader_that_stays_the_bottleneck_gets_one_hint(tmp_path, capsys):
     waits = [json.loads(r)["data_wait"] for r in (out / "metrics.jsonl").read_text().splitlines()
              if '"train"' in r]
     assert len(waits) == 8 and sum(w >= 0.3 for w in waits) >= 3
+
+
+def test_class_set_mismatch_names_the_classes(tmp_path, digits, capsys):
+    import shutil
+    root = tmp_path / "data"
+    shutil.copytree(digits, root)
+    shutil.rmtree(root / "val" / "3")
+    (root / "val" / "x9").mkdir()
+    shutil.copy(next((root / "val" / "4").iterdir()), root / "val" / "x9")
+    code = train.main(["--config", "configs/demo.yaml", "--data", str(root), "--output", str(tmp_path / "run"),
+                       *TINY])
+    assert code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "not in val: 3;" in error[0] and "only in val: x9" in error[0]

@@ -167,8 +167,10 @@ def build_datasets(data, model):
     val = image_folder(path, "val", val_transform(resolution, data["val_resize_ratio"]), data["strict"],
                        leave_out=(3, resolution, resolution), cache_mb=data["cache_mb"])
     if train.classes != val.classes:
-        raise UsageError(f"--data {path}: train has {len(train.classes)} classes, val has "
-                         f"{len(val.classes)}, or their names differ")
+        missing, extra = sorted(set(train.classes) - set(val.classes)), sorted(set(val.classes) - set(train.classes))
+        raise UsageError(f"--data {path}: train has {len(train.classes)} classes, val has {len(val.classes)}; "
+                         f"not in val: {', '.join(missing[:5]) or 'none'}{' ...' if len(missing) > 5 else ''}; "
+                         f"only in val: {', '.join(extra[:5]) or 'none'}{' ...' if len(extra) > 5 else ''}")
     if len(train.classes) != model["num_classes"]:
         raise UsageError(f"--data {path}: {len(train.classes)} classes, but "
                          f"model.num_classes={model['num_classes']}")
