@@ -63,8 +63,8 @@ def stop_signals():
 class StopOnSignal:
     """SIGTERM/SIGINT/SIGHUP (stop_signals), to this process, its group or every process of the
     job (torchrun, Slurm and container runtimes differ), ask the run to stop after the current
-    step; a second SIGINT interrupts. The loader's workers outlive both meanwhile (WorkerSignals), so the run can finish
-    the step and save. Processes agree after every step (a one-element reduction on the host, no
+    step; a second SIGINT interrupts. The loader's workers outlive them meanwhile (WorkerSignals),
+    so the run can finish the step and save. Processes agree after every step (a one-element reduction on the host, no
     device sync), so all stop after the same step."""
 
     def __init__(self, world):

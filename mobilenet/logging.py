@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from mobilenet.checkpoint import save_atomic
 from mobilenet.errors import UsageError
 
 
@@ -44,9 +45,7 @@ def keep_records_up_to(path, step):
                 kept.append(line + "\n")
         except (ValueError, KeyError, TypeError):
             continue
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    save_atomic("".join(kept).encode(), path, "the trimmed metrics")
 
 
 class RunLogger:
