@@ -1,17 +1,19 @@
 """Train or evaluate MobileNetV1: python train.py [--config X.yaml] [flags] [DIR] [key.sub=value ...]"""
 import sys
 
-from mobilenet.cli import build_parser, config_from_args
 from mobilenet.errors import exit_code
 
 
 def main(argv=None):
-    def train():
+    resolved = {}
+
+    def train():  # imports inside: a Ctrl-C while torch loads is one line too
+        from mobilenet.cli import build_parser, config_from_args
         args = build_parser(__doc__).parse_intermixed_args(argv)
-        cfg = config_from_args(args)
+        resolved["cfg"] = cfg = config_from_args(args)
         from mobilenet.engine import run  # the engine loads after the config is known to be valid
         run(cfg, resume=args.resume, evaluate_only=args.evaluate, start_over=args.start_over)
-    return exit_code(train)
+    return exit_code(train, run_dir=lambda: resolved["cfg"]["output"] if resolved else None)
 
 
 if __name__ == "__main__":

@@ -83,5 +83,6 @@ if [ "$max_restarts" -gt 0 ]; then
   # each round's rank 0 hosts a fresh store instead of sharing torchrun's
   export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 fi
-exec "$PY" -m torch.distributed.run --nproc-per-node "$nproc" --max-restarts "$max_restarts" \
+# torchrun's launcher in a process of ours: the config is checked once first, a failure's line comes last
+exec "$PY" -m mobilenet.launch --nproc-per-node "$nproc" --max-restarts "$max_restarts" \
   "${rendezvous[@]}" "$ROOT/train.py" "${forward[@]}"

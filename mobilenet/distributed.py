@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from mobilenet.device import DIST_BACKENDS
+from mobilenet.errors import TrainingFailure, UsageError
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,32 @@ def any_rank(flag):
     tensor = torch.tensor([int(flag)])
     dist.all_reduce(tensor, group=host_group())
     return bool(tensor.item())
+
+
+def any_rank_restarted(world):
+    """Whether this is a torchrun restart on any rank. torchrun counts restarts per node agent: a
+    node whose own workers did not fail restarts them with the count unchanged when another node's
+    failed, so every rank must ask all the others."""
+    return any_rank(world.restart > 0)
+
+
+def from_rank0(compute):
+    """``compute()`` on rank 0, its result on every rank (pickled, through the host group), so all
+    ranks act on one decision and only rank 0 needs the files; a UsageError or TrainingFailure
+    raised there is raised on every rank (none waits for the others)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return compute()
+    box = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("result", compute())
+        except (UsageError, TrainingFailure) as e:
+            box[0] = ("error", e)
+    dist.broadcast_object_list(box, src=0, group=host_group())
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
 
 
 def all_reduce_max(tensor):

@@ -19,8 +19,8 @@ from mobilenet.config import thaw
 from mobilenet.data import build_datasets, build_loaders
 from mobilenet.data.datasets import WorkerSignals, unreadable_flags
 from mobilenet.device import cpu_bf16_features, describe, open_device, peak_memory_mb, synchronize
-from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, destroy, host_group,
-                                   init_process_group, world_from_env)
+from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
+                                   from_rank0, host_group, init_process_group, world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError
 from mobilenet.logging import RunLogger, accuracy_line, progress_line
 from mobilenet.measure import OtherLoad, StepBreakdown, profiler
@@ -101,16 +101,17 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
     if world.size != cfg["derived"]["world_size"]:  # resolve() decided it; the processes must agree
         raise UsageError(f"the config was resolved for {cfg['derived']['world_size']} process(es), but "
                          f"{world.size} run: resolve it in the processes that train")
-    fallback = None
-    if world.restart and not evaluate_only:
-        resume, fallback = "auto", resume
     device = open_device(cfg["derived"]["device"], world.local_rank)
     init_process_group(world, device)
     try:
+        restarted = any_rank_restarted(world) and not evaluate_only
+        fallback = None
+        if restarted:  # every rank resumes, from the one checkpoint rank 0 picks (restore)
+            resume, fallback = "auto", resume
         with run_directory(cfg, world, evaluate_only, resume, start_over):
             r = build_run(cfg, world, device)
-            if world.restart:
-                r.log.info(f"torchrun restart {world.restart}: resuming from the newest checkpoint")
+            if restarted:
+                r.log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
             if resume:
                 restore(r, resume, fallback, evaluate_only)
             if evaluate_only:
@@ -511,20 +512,29 @@ def accuracy(net, batches, autocast, device):
 
 def restore(r, resume, fallback=None, evaluate_only=False):
     """Loads a checkpoint ('auto': the one of the run directory that got furthest, else
-    ``fallback``)."""
-    if resume == "auto":
-        found = ckpt.load_latest(r.cfg["output"], r.log.info, is_training_checkpoint)
-        if found is None and not fallback:
-            if evaluate_only:  # random weights are nothing to evaluate
-                raise UsageError(f"--evaluate --resume auto: no checkpoint in {r.cfg['output']}/checkpoints; "
-                                 f"pass --output of a run that has one, or --resume FILE")
-            r.log.info(f"--resume auto: no checkpoint in {r.cfg['output']}, starting fresh")
-            return
-        resume, state = found or (fallback, ckpt.load_checkpoint(fallback))
-    else:
-        state = ckpt.load_checkpoint(resume)
-    r.resumed = r.state.load_state_dict(state, str(resume))
-    r.log.info(f"resumed from {resume} (epoch {r.state.epoch}, step {r.state.step})")
+    ``fallback``). Rank 0 reads it and sends it to the others: every rank continues from the same
+    state, and nodes without a shared file system need no copy of the run directory."""
+    path, state = from_rank0(lambda: choose_checkpoint(r, resume, fallback, evaluate_only))
+    if state is None:
+        return
+    r.resumed = r.state.load_state_dict(state, path)
+    r.log.info(f"resumed from {path} (epoch {r.state.epoch}, step {r.state.step})")
     changes = r.state.changes_since(state)
     if changes:
         r.log.info(f"note: {changes}")
+
+
+def choose_checkpoint(r, resume, fallback, evaluate_only):
+    """(path, checkpoint dict) to resume from, or (None, None) to start fresh (said)."""
+    if resume != "auto":
+        return str(resume), ckpt.load_checkpoint(resume)
+    found = ckpt.load_latest(r.cfg["output"], r.log.info, is_training_checkpoint)
+    if found is not None:
+        return str(found[0]), found[1]
+    if fallback:
+        return str(fallback), ckpt.load_checkpoint(fallback)
+    if evaluate_only:  # random weights are nothing to evaluate
+        raise UsageError(f"--evaluate --resume auto: no checkpoint in {r.cfg['output']}/checkpoints; "
+                         f"pass --output of a run that has one, or --resume FILE")
+    r.log.info(f"--resume auto: no checkpoint in {r.cfg['output']}, starting fresh")
+    return None, None

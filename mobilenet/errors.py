@@ -1,13 +1,22 @@
-"""The app's two kinds of expected failure and how a command line reports them.
+"""The app's kinds of failure, their exit codes, and how a command line reports them.
 
 UsageError: the user's input is wrong (a flag, a setting, a file or folder they named); fixing the
-input fixes the run. TrainingFailure: the run cannot go on (the loss diverged, the disk is full);
-what was saved before stays valid. Both print as one ``error: ...`` line and exit with code 2;
-anything else is a bug and keeps its traceback.
+input fixes the run: exit 2. TrainingFailure: the run cannot go on (the loss diverged, the disk is
+full); what was saved before stays valid: exit 1. Both print as one ``error: ...`` line. Anything
+else is a bug (or a failure the app does not know): one line naming the file that holds its
+traceback, exit 1. A run stopped by a signal saves and exits 0; a second Ctrl-C interrupts: 130.
 """
+import contextlib
+import os
 import sys
+import tempfile
+import traceback
+from pathlib import Path
 
-EXIT_ERROR = 2
+EXIT_USAGE, EXIT_FAILURE, EXIT_INTERRUPTED = 2, 1, 130
+# Set by the multi-process launcher (mobilenet.launch): each worker leaves its exit code and line
+# there, so the launcher can print the line last, below torchrun's report.
+ERROR_DIR = "MOBILENET_ERROR_DIR"
 
 
 class UsageError(Exception):
@@ -18,14 +27,55 @@ class TrainingFailure(Exception):
     """The run had to stop (not the input's fault): reported in one line, no traceback."""
 
 
-def exit_code(action):
-    """Runs ``action()``: 0, or 2 after printing a UsageError/TrainingFailure as one line."""
+def exit_code(action, run_dir=lambda: None):
+    """Runs ``action()`` and returns the process's exit code, reporting any failure in one line.
+    ``run_dir()``: where a bug's traceback goes (the temporary folder while it is None)."""
     try:
         action()
-        return 0
-    except (UsageError, TrainingFailure) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
-        return EXIT_ERROR
+        return report("", 0)
+    except UsageError as e:
+        return report(f"error: {one_line(e)}", EXIT_USAGE)
+    except TrainingFailure as e:
+        return report(f"error: {one_line(e)}", EXIT_FAILURE)
+    except KeyboardInterrupt:
+        return report("interrupted (Ctrl-C): stopped without saving; checkpoints written before stay valid",
+                      EXIT_INTERRUPTED)
+    except Exception as e:  # noqa: BLE001 - a bug: the user gets one line, the traceback a file
+        path = save_traceback(run_dir())
+        return report(f"error: unexpected {type(e).__name__}: {one_line(e)[:300]} (a bug, or a failure "
+                      f"the app does not handle; traceback in {path})", EXIT_FAILURE)
+
+
+def report(line, code):
+    """Prints ``line`` to stderr (if any, and if it still can) and, under the launcher, leaves it
+    and ``code`` for it; returns ``code``."""
+    try:
+        if line:
+            print(line, file=sys.stderr, flush=True)
+    except OSError:  # the terminal is gone; the code still tells
+        pass
+    folder = os.environ.get(ERROR_DIR)
+    if folder:
+        rank = os.environ.get("RANK", "0")
+        with contextlib.suppress(OSError):
+            Path(folder, f"rank{int(rank):05d}").write_text(f"{code}\n{line}\n")
+    return code
+
+
+def save_traceback(folder):
+    """Writes the exception being handled, with its traceback, to ``folder``/traceback-rankR.txt
+    (a temporary file when ``folder`` is None or unwritable); returns the path."""
+    name = f"traceback-rank{os.environ.get('RANK', '0')}.txt"
+    places = [Path(folder) / name] if folder else []
+    places.append(Path(tempfile.gettempdir()) / f"mobilenet-{os.getpid()}-{name}")
+    for path in places:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(traceback.format_exc())
+            return path
+        except OSError:
+            continue
+    return "nowhere (no writable folder)"
 
 
 def one_line(error):

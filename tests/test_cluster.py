@@ -27,14 +27,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def rank_pid(torchrun_pid, rank):
-    """The pid of the worker process of ``rank`` among torchrun's children."""
+def rank_pid(torchrun_pid, rank, local_rank=None):
+    """The pid of the worker process of ``rank`` (and ``local_rank``, by default the same) among
+    torchrun's children."""
+    local_rank = rank if local_rank is None else local_rank
     for pid in process_tree(torchrun_pid):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"RANK={rank}".encode() in environ and b"LOCAL_RANK=" + str(rank).encode() in environ:
+        if f"RANK={rank}".encode() in environ and f"LOCAL_RANK={local_rank}".encode() in environ:
             if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(torchrun_pid):
                 return pid
     raise AssertionError(f"no rank {rank} under {torchrun_pid}")
@@ -51,7 +53,7 @@ def test_killed_rank_restarts_from_the_periodic_checkpoint(tmp_path, straight_tw
             break
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-3000:]
-    assert "torchrun restart 1: resuming from the newest checkpoint" in stdout
+    assert "torchrun restart 1: every rank resumes from rank 0" in stdout
     resumed = [line for line in stdout.splitlines() if line.startswith("resumed from")]
     assert len(resumed) == 1 and "checkpoints/last.pt (epoch 0, step " in resumed[0]
     assert int(resumed[0].split("step ")[1].rstrip(")")) >= 8  # the periodic save, not a restart from 0
@@ -187,3 +189,52 @@ def test_slurm_job_cancelled_then_resubmitted_ends_as_one_run(tmp_path, slurm, s
     assert "resumed from" in log.read_text()[len(first):], log.read_text()[-3000:]
     assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 1
     assert_same_weights(straight_two_ranks, out)
+
+
+def start_node(rank, port, out, *extra, log):
+    """One node agent of a two-node job on this machine (train.sh --nnodes 2), output to ``log``."""
+    return subprocess.Popen(["bash", "train.sh", *ONE_RANK_EACH, "--nproc", "1", "--nnodes", "2",
+                             "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port",
+                             str(port), "--output", str(out), *extra],
+                            cwd=ROOT, env=ONE_THREAD, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def wait_for(log, text, after=0, timeout=120):
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text()[after:]:
+        assert time.monotonic() < deadline, f"no {text!r} in:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
+def test_elastic_restart_across_two_nodes_resumes_every_rank_from_one_checkpoint(tmp_path, straight_two_ranks):
+    """Two node agents, no shared file system (node 1 writes elsewhere, so only rank 0 has the
+    checkpoints), --max-restarts 3: kill -9 of node 0's rank mid-epoch, then of node 1's. Each time
+    the node whose rank survived restarts it too (torchrun's membership change, its restart count
+    not raised); every rank resumes from rank 0's newest checkpoint, and the run ends with the
+    weights of an uninterrupted one. Both agents exit."""
+    port = free_port()
+    outs = [tmp_path / "node0", tmp_path / "node1"]
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    extra = ["--max-restarts", "3", "train.checkpoint_every_minutes=0.0001"]
+    nodes = [start_node(rank, port, outs[rank], *extra, log=logs[rank].open("w")) for rank in (0, 1)]
+    try:
+        wait_for(logs[0], "Epoch: [0][9/")
+        os.kill(rank_pid(nodes[0].pid, 0), signal.SIGKILL)
+        wait_for(logs[0], "resumed from")
+        mark = len(logs[0].read_text())
+        wait_for(logs[0], "Epoch: [0][27/", after=mark)
+        os.kill(rank_pid(nodes[1].pid, 1, local_rank=0), signal.SIGKILL)
+        wait_for(logs[0], "resumed from", after=mark)
+        for node in nodes:
+            node.wait(timeout=240)
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    text = [log.read_text() for log in logs]
+    assert [node.returncode for node in nodes] == [0, 0], text[0][-3000:] + text[1][-3000:]
+    resumed = re.findall(r"resumed from \S+ \(epoch 0, step (\d+)\)", text[0])
+    assert len(resumed) == 2 and 8 <= int(resumed[0]) < int(resumed[1]), text[0][-3000:]
+    assert not (outs[1] / "checkpoints").exists()
+    assert_same_weights(straight_two_ranks, outs[0])

@@ -1,0 +1,107 @@
+"""The multi-process launch behind train.sh: torchrun's own launcher, run in this process (so
+signals reach it as they reach torchrun), with the training config checked once before any worker
+starts and a failure's one line printed last, below torchrun's report.
+
+python -m mobilenet.launch [torchrun flags] train.py [train.py flags]
+"""
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from mobilenet.errors import EXIT_FAILURE, ERROR_DIR, exit_code
+
+
+def main(argv=None):
+    from torch.distributed import run as torchrun
+    args = torchrun.parse_args(argv)
+    code = exit_code(lambda: check_config(args))  # once here, not once per worker
+    if code:
+        return code
+    folder = tempfile.mkdtemp(prefix="mobilenet-errors-")
+    os.environ[ERROR_DIR] = folder  # the workers inherit it
+    try:
+        return launch(torchrun, args, Path(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_config(args):
+    """Resolves train.py's config as each worker will (the world size torchrun will give them),
+    so a bad flag or setting is one line, exit 2, before anything starts."""
+    from mobilenet.cli import build_parser, config_from_args
+    nodes = int(str(args.nnodes).split(":")[-1])
+    os.environ.update(LOCAL_WORLD_SIZE=str(args.nproc_per_node), WORLD_SIZE=str(nodes * int(args.nproc_per_node)))
+    try:
+        config_from_args(build_parser().parse_intermixed_args(args.training_script_args))
+    finally:
+        for key in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+            del os.environ[key]
+
+
+def launch(torchrun, args, errors):
+    """torchrun's run(); on a failure, torchrun's report, then the workers' own lines (or what
+    ended them) and the exit code of the first (2 for a usage error, else 1)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+    node = f"node {args.node_rank} of {args.nnodes}" if str(args.nnodes) != "1" else "this node"
+    if str(args.nnodes) != "1":
+        print(f"{node}: meeting the other nodes at {args.rdzv_endpoint} (torchrun waits "
+              f"{rendezvous_timeout(args)} s for them)", flush=True)
+    try:
+        torchrun.run(args)
+    except SignalException as e:  # torchrun passed it on and waited for the workers to end
+        return signalled(e.sigval.name, outcomes(errors), args)
+    except ChildFailedError as e:
+        print(e, file=sys.stderr)
+        lines = [(code, line) for code, line in outcomes(errors).values() if code]
+        if not lines:
+            rank, failure = e.get_first_failure()
+            ended = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+            lines = [(EXIT_FAILURE, f"error: rank {rank} ended with {ended} (see above); the job stopped")]
+        for _, line in dict.fromkeys(lines):
+            print(line, file=sys.stderr, flush=True)
+        return lines[0][0]
+    except RendezvousError as e:
+        print(f"error: {node}: the rendezvous at {args.rdzv_endpoint} failed ({type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else 'no detail'}); start train.sh on every node with "
+              f"the same --nnodes, --master-addr, --master-port and --rdzv-id", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
+    if str(args.nnodes) != "1":
+        print(f"{node}: the job ended", flush=True)
+    return 0
+
+
+def outcomes(errors):
+    """{rank: (exit code, line)} of the workers that ended through train.py, rank 0's first."""
+    found = {}
+    for path in sorted(errors.glob("rank*")):
+        code, _, line = path.read_text().partition("\n")
+        found[int(path.name.removeprefix("rank"))] = (int(code), line.strip())
+    return found
+
+
+def signalled(name, ended, args):
+    """After a signal torchrun passed on: exit 0 when every worker of this node ended cleanly
+    (a run stopped by a signal saves first), else the workers' lines and 1."""
+    local = int(args.nproc_per_node)
+    if len(ended) == local and not any(code for code, _ in ended.values()):
+        print(f"{name}: every worker on this node stopped cleanly; the run's last line above says what "
+              f"was saved", file=sys.stderr, flush=True)
+        return 0
+    lines = [line for code, line in ended.values() if code] or [
+        f"error: {name}: {local - len(ended)} worker(s) on this node ended before they could save"]
+    for line in dict.fromkeys(lines):
+        print(line, file=sys.stderr, flush=True)
+    return EXIT_FAILURE
+
+
+def rendezvous_timeout(args):
+    conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
+    return conf.get("join_timeout", 600)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
