@@ -176,9 +176,13 @@ class RunLock:
             self.file.close()
             raise UsageError(f"--output {self.run_dir}: another run is using it ({holder}); wait for "
                              f"it to end or stop it, or pass another --output") from None
-        self.file.truncate(0)
-        self.file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        self.file.flush()
+        try:
+            os.ftruncate(self.file.fileno(), 0)
+            os.write(self.file.fileno(), f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        except OSError as e:  # a full disk, say: found before anything is trained
+            self.file.close()
+            raise UsageError(f"--output {self.run_dir}: cannot write there ({e.strerror}); free some "
+                             f"space or pass another --output") from None
         return self
 
     def __exit__(self, *exc):

@@ -186,7 +186,8 @@ def build_run(cfg, world, device):
 def start_outputs(r):
     """Once the run is known to start or resume: config.yaml, metrics.jsonl, TensorBoard."""
     if r.world.is_main:
-        (Path(r.cfg["output"]) / "config.yaml").write_text(yaml.safe_dump(thaw(r.cfg), sort_keys=False))
+        ckpt.save_atomic(yaml.safe_dump(thaw(r.cfg), sort_keys=False).encode(),
+                         Path(r.cfg["output"]) / "config.yaml", "the config")
     r.log.start(resumed_at=steps_done(r) if r.resumed else None)
 
 

@@ -8,10 +8,11 @@ other line contains ``img/s`` or ``Epoch:``.
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 from mobilenet.checkpoint import save_atomic
-from mobilenet.errors import UsageError
+from mobilenet.errors import TrainingFailure, UsageError
 
 
 def clock(seconds):
@@ -48,6 +49,13 @@ def keep_records_up_to(path, step):
     save_atomic("".join(kept).encode(), path, "the trimmed metrics")
 
 
+def quiet_writer_errors(args, default=threading.excepthook):
+    """An OSError in TensorBoard's writer thread (a full disk) is raised again by its next
+    add_scalar in the run's own thread, which reports it in one line: no thread traceback."""
+    if not issubclass(args.exc_type, OSError):
+        default(args)
+
+
 class RunLogger:
     """Console lines from rank 0 (``enabled=False``: none), and, once ``start()`` is called (after
     the run has checked it can resume), metrics.jsonl and TensorBoard event files in ``run_dir``."""
@@ -72,6 +80,7 @@ class RunLogger:
             raise UsageError(f"--output {self.run_dir}: cannot write there ({e.strerror})") from None
         purge = {} if resumed_at is None else {"purge_step": resumed_at + 1}
         self.tensorboard = SummaryWriter(str(self.run_dir), **purge)
+        threading.excepthook = quiet_writer_errors
 
     def info(self, message):
         if not self.console:
@@ -86,11 +95,16 @@ class RunLogger:
         """One metrics.jsonl line and one TensorBoard scalar per value, tagged ``kind/name``."""
         if self.metrics is None:
             return
-        for name, value in values.items():
-            if name != "epoch":
-                self.tensorboard.add_scalar(f"{kind}/{name}", value, step)
-        self.metrics.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
-        self.metrics.flush()
+        try:
+            self.metrics.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+            self.metrics.flush()
+            for name, value in values.items():  # raises what TensorBoard's writer thread met
+                if name != "epoch":
+                    self.tensorboard.add_scalar(f"{kind}/{name}", value, step)
+        except OSError as e:  # a full disk: stop while the last checkpoint is still good
+            raise TrainingFailure(f"{self.run_dir / 'metrics.jsonl'}: cannot write the metrics "
+                                  f"({e.strerror}); stopped, the checkpoints saved before are intact; "
+                                  f"free some space and resume with --resume auto") from None
 
     def close(self):
         if self.metrics is not None:

@@ -134,8 +134,23 @@ def test_evaluate_needs_weights(tmp_path, digits, capsys):
                                                "model.pretrained=FILE")
 
 
-FULL_DISK = """
-mount -t tmpfs -o size={size} tmpfs {mount} || exit 99
+def in_small_tmpfs(tmp_path, size, script, **fields):
+    """Runs the shell ``script`` with a tmpfs of ``size`` bytes mounted at {mount} (in a user and
+    mount namespace: a real file system that fills up); skips where that cannot be mounted."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is needed to mount a small tmpfs")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    script = f"mount -t tmpfs -o size={size} tmpfs {mount} || exit 99\n" + script.format(
+        mount=mount, python=sys.executable, train=ROOT / "train.py", **fields)
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if result.returncode == 99:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    return mount, result
+
+
+FULL_AT_SAVE = """
 {python} {train} {args} --output {mount}/run --epochs 3
 echo "exit $?"
 ls -a {mount}/run/checkpoints
@@ -144,29 +159,57 @@ cp -r {mount}/run/checkpoints {copy}
 
 
 def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, digits):
-    """A real full file system: a tmpfs (in a user and mount namespace) that holds the first
-    epoch's last.pt and best.pt but not the temporary file of the next save."""
-    if not shutil.which("unshare"):
-        pytest.skip("unshare (util-linux) is needed to mount a small tmpfs")
+    """A tmpfs that holds the first epoch's last.pt and best.pt but not the temporary file of the
+    next save: exit 1 (a failure during training), one line, the previous last.pt intact."""
     sizing = tmp_path / "sizing"
     assert run(digits, sizing, "--epochs", "1") == 0
     checkpoint = (sizing / "checkpoints" / "last.pt").stat().st_size
-    mount, copy = tmp_path / "disk", tmp_path / "copy"
-    mount.mkdir()
     args = " ".join([*BASE, "--data", str(digits), "train.log_every=100"])
-    script = FULL_DISK.format(size=int(2.5 * checkpoint) + 65536, mount=mount, python=sys.executable,
-                              train=ROOT / "train.py", args=args, copy=copy)
-    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    if result.returncode == 99:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    assert "exit 2" in result.stdout, result.stdout + result.stderr[-2000:]
+    mount, result = in_small_tmpfs(tmp_path, int(2.5 * checkpoint) + 65536, FULL_AT_SAVE, args=args,
+                                   copy=tmp_path / "copy")
+    assert "exit 1" in result.stdout, result.stdout + result.stderr[-2000:]
     error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert error == [f"error: {mount}/run/checkpoints/last.pt: cannot save the checkpoint (No space "
                      f"left on device); the previous last.pt is intact"], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not [name for name in result.stdout.split() if name.endswith(".tmp")]  # cleaned up
-    assert load_checkpoint(copy / "last.pt")["epoch"] == 1
+    assert load_checkpoint(tmp_path / "copy" / "last.pt")["epoch"] == 1
+
+
+FULL_AT_START = """
+dd if=/dev/zero of={mount}/filler bs=64k 2>/dev/null
+{python} {train} {args} --output {mount}/run
+echo "exit $?"
+"""
+
+FILLS_MID_RUN = """
+{python} {train} {args} --output {mount}/run > {logs}/log 2>{logs}/err &
+until grep -q "Epoch: \\[0\\]\\[2/" {logs}/log; do sleep 0.05; done
+dd if=/dev/zero of={mount}/filler bs=4k 2>/dev/null
+wait $!
+echo "exit $?"
+cat {logs}/err >&2
+"""
+
+
+@pytest.mark.parametrize("when", ["at start", "mid-run"])
+def test_a_full_disk_before_or_between_saves_is_one_line(tmp_path, digits, when):
+    """Already full when the run starts (the run lock): a usage error, exit 2. Filled while it
+    trains (the next metrics.jsonl line): exit 1, one line, the checkpoints intact. No traceback."""
+    args = " ".join([*BASE, "--data", str(digits), "train.log_every=1", "data.batch_size=4", "train.max_steps_per_epoch=0",
+                     "--epochs", "2"])
+    mount, result = in_small_tmpfs(tmp_path, 4 << 20, FULL_AT_START if when == "at start" else FILLS_MID_RUN,
+                                   args=args, logs=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr and len(errors) == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    if when == "at start":
+        assert "exit 2" in result.stdout
+        assert errors[0] == (f"error: --output {mount}/run: cannot write there (No space left on device); "
+                             f"free some space or pass another --output")
+    else:
+        assert "exit 1" in result.stdout
+        assert errors[0].startswith(f"error: {mount}/run/metrics.jsonl: cannot write the metrics (No space "
+                                    f"left on device); stopped, the checkpoints saved before are intact")
 
 
 def test_resume_auto_picks_by_position_and_skips_weights_files(two_epochs, digits, capsys):

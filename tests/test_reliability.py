@@ -64,7 +64,7 @@ def test_nonfinite_loss_stops_without_overwriting_the_checkpoint(tmp_path, digit
     # ...and, where it runs, it stops at the first non-finite loss and saves nothing
     fresh = tmp_path / "fresh"
     result = run_train(*base[:4], "--output", fresh, *base[6:], "optim.lr=1e30", "schedule.warmup_epochs=0")
-    assert result.returncode == 2
+    assert result.returncode == 1  # a failure during training
     assert result.stderr.startswith("error: the loss became nan") and result.stderr.count("\n") == 1
     assert not (fresh / "checkpoints").exists()
 
