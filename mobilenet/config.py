@@ -34,7 +34,8 @@ DEFAULTS = {
         "workers": 8,
         "hflip": True,
         "min_scale": 0.08,         # RandomResizedCrop lower area bound
-        "val_resize_ratio": 0.875, # val: resize to resolution/ratio, centre-crop resolution
+        "val_resize_ratio": 0.875, # val: resize to resolution/ratio, centre-crop resolution (at
+                                   # least 0.1: a 10x resize)
         "synthetic_size": 2048,    # images per epoch for data.path=synthetic
         "strict": False,           # an unreadable image stops the run instead of being skipped
         "cache_mb": 0,             # >0: read and decode files at start, up to this many MiB, and keep
@@ -109,7 +110,7 @@ RANGES = {
     "seed": "[0, 4294967295]",  # torch and numpy seed generators take 32 bits at least
     "model.width_mult": "(0, inf)", "model.num_classes": "[1, inf)", "model.resolution": "[1, inf)",
     "data.batch_size": "[1, inf)", "data.val_batch_size": "[1, inf)", "data.workers": "[0, inf)",
-    "data.min_scale": "(0, 1]", "data.val_resize_ratio": "(0, 1]", "data.synthetic_size": "[1, inf)",
+    "data.min_scale": "(0, 1]", "data.val_resize_ratio": "[0.1, 1]", "data.synthetic_size": "[1, inf)",
     "data.cache_mb": "[0, inf)",
     "optim.lr": "(0, inf)", "optim.lr_scale_batch": "[0, inf)", "optim.momentum": "[0, 1)",
     "optim.weight_decay": "[0, inf)", "optim.betas": "[0, 1)", "optim.eps": "(0, inf)",
@@ -334,6 +335,12 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
 
 def check_combinations(cfg, derived):
     """Settings that are valid alone but not together."""
+    from mobilenet.model import final_feature_size
+    side = final_feature_size(cfg["model"]["resolution"])
+    if cfg["data"]["batch_size"] * side * side == 1 and not cfg["train"]["freeze_bn"]:
+        raise UsageError(f"data.batch_size=1 at model.resolution={cfg['model']['resolution']}: the last "
+                         f"BatchNorm would normalise one value per channel (a {side}x{side} map); use a "
+                         f"batch of 2 or more, a resolution above 32, or train.freeze_bn=true")
     if cfg["model"]["sync_bn"] and derived["world_size"] > 1 and derived["device"] == "cpu":
         raise UsageError("model.sync_bn=true needs cuda or npu (torch has no SyncBatchNorm on cpu)")
     if cfg["train"]["ema_decay"] > 0 and cfg["amp"]["level"] == "O2":

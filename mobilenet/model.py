@@ -16,6 +16,15 @@ BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
 STEM_CHANNELS = 32
 
 
+def final_feature_size(resolution):
+    """The side of the last feature map (what the last BatchNorm normalises per image): each
+    stride-2 conv (padding 1, kernel 3) halves it, rounding up."""
+    side = resolution
+    for stride in [2] + [stride for _, stride in BLOCKS]:
+        side = (side - 1) // stride + 1
+    return side
+
+
 def conv_bn_relu(inp, oup, kernel, stride, groups=1):
     return [nn.Conv2d(inp, oup, kernel, stride, kernel // 2, groups=groups, bias=False),
             nn.BatchNorm2d(oup), nn.ReLU(inplace=True)]

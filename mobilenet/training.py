@@ -4,6 +4,9 @@ input path to the device), and every piece of state a resume needs, saved and re
 The engine and every benchmark build their training through ``TrainingState``, so a change to
 the schedule, the input dtype or the layout is made here once.
 """
+import re
+import warnings
+
 import torch
 
 from mobilenet.config import thaw
@@ -13,6 +16,10 @@ from mobilenet.errors import UsageError
 from mobilenet.model import load_weights, unwrap_state_dict
 from mobilenet.optim import build_scheduler, hold_lr_in_tensors, plain_numbers
 from mobilenet.step import build_train_step
+
+# A step the loss scaler skips (an overflow) advances the schedule without optimizer.step(), on
+# purpose: the LR follows the step count. torch warns about that order once; it is not a mistake here.
+warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
 
 
 class TrainingState:
