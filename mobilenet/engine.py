@@ -193,6 +193,9 @@ def start_outputs(r):
 
 def evaluate_only_run(r):
     results = validate(r)
+    if not results[""].scored:
+        raise UsageError(f"--data {r.cfg['data']['path']}: none of the {results[''].left_out} val images "
+                         f"could be read (see the warnings); nothing to evaluate")
     for label, result in results.items():
         r.log.info(accuracy_line(result.top1, result.top5, result.note(), prefix=f" {label}" if label else ""))
     return {"top1": results[""].top1, "top5": results[""].top5, "val_images_scored": results[""].scored}
@@ -269,7 +272,7 @@ def end_epoch(r, saver, epoch_seconds):
     epoch, model = r.state.epoch, results[""]
     if r.state.step == r.steps:
         r.state.epoch, r.state.step = epoch + 1, 0
-    is_best = model.top1 > r.state.best_top1
+    is_best = model.scored > 0 and model.top1 > r.state.best_top1
     r.state.best_top1 = max(r.state.best_top1, model.top1)
     r.log.info(accuracy_line(model.top1, model.top5, f"epoch {epoch}, best {r.state.best_top1:.3f}; {model.note()}"))
     ema = {}
@@ -280,6 +283,10 @@ def end_epoch(r, saver, epoch_seconds):
                  epoch_time_s=epoch_seconds, **ema)
     if r.world.is_main:
         saver.save(r.state.state_dict(), r.state.epoch, is_best)
+    if not model.scored:
+        raise UsageError(f"--data {r.cfg['data']['path']}: none of the {model.left_out} val images could be "
+                         f"read (see the warnings), so there is no accuracy; the training is saved in "
+                         f"{saver.last}: fix the val files, then resume with --resume auto")
     return results
 
 
@@ -309,8 +316,9 @@ def finish(r, totals, results):
     if r.world.is_main:
         out = Path(cfg["output"])
         ckpt.save_atomic((json.dumps(summary, indent=2) + "\n").encode(), out / "summary.json", "the summary")
+        written = " and ".join(name for name in ("last.pt", "best.pt") if (out / "checkpoints" / name).exists())
         r.log.info(f"top-1 {top1:.2f}%, {summary['img_per_s']:.1f} images/s. Run directory {out}: "
-                   f"config.yaml, checkpoints/last.pt and best.pt, metrics.jsonl, summary.json; "
+                   f"config.yaml, checkpoints/{written}, metrics.jsonl, summary.json; "
                    f"TensorBoard: tensorboard --logdir {out}")
     r.log.close()
     return summary

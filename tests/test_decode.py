@@ -95,3 +95,17 @@ def test_the_decoded_cache_changes_no_sample(tmp_path, digits):
         for index in range(0, len(plain), max(1, len(plain) // 50)):
             for seed in (index, index + 10_000):
                 assert torch.equal(plain[(index, seed)][0], cached[(index, seed)][0]), (root, index)
+
+
+@pytest.mark.parametrize("mode_bits", [16, 8])
+def test_sixteen_bit_grayscale_pngs_scale_to_eight_bits(tmp_path, mode_bits):
+    """A 16-bit grayscale PNG (PIL mode I;16) keeps its tones: 0, 1/4, 1/2, 3/4 and full scale read
+    as 0, 64, 128, 192 and 255 on all three channels, as the same image saved in 8 bits does."""
+    levels = torch.tensor([0, 16384, 32768, 49152, 65535], dtype=torch.int32)
+    if mode_bits == 8:
+        levels = levels >> 8
+    rows = levels.repeat(3, 1).numpy().astype("uint16" if mode_bits == 16 else "uint8")
+    Image.fromarray(rows).save(tmp_path / "gray.png")
+    pixels = EncodedImage((tmp_path / "gray.png").read_bytes()).decode()
+    assert pixels.dtype == torch.uint8 and pixels.shape == (3, 3, 5)
+    assert pixels[:, 0].tolist() == [[0, 64, 128, 192, 255]] * 3

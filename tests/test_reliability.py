@@ -1,6 +1,7 @@
 """Kills, signals, non-finite losses, broken images and bad input."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,6 +119,31 @@ def test_training_skips_broken_files_or_stops_when_strict(tmp_path):
     strict = run_train(*base, "--output", tmp_path / "strict", "data.strict=true")
     assert strict.returncode == 2 and strict.stderr.count("\n") == 1
     assert "unreadable image" in strict.stderr and "data.strict=true" in strict.stderr
+
+
+def test_a_val_set_with_no_readable_image_is_an_error_after_saving_the_training(tmp_path, digits):
+    """Every val file unreadable: no accuracy to report, so not a success (exit 2, one line); the
+    epoch's training is saved in last.pt (no best.pt), and resumes once the val files are fixed."""
+    data = tmp_path / "data"
+    shutil.copytree(digits, data)
+    for path in (data / "val").rglob("*.jpg"):
+        path.write_bytes(b"not an image")
+    out = tmp_path / "run"
+    base = ["--data", data, "--config", "configs/demo.yaml", *TINY, "train.max_steps_per_epoch=3",
+            "--epochs", "2", "--output", out]
+    result = run_train(*base)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("warning:")]
+    assert errors == [f"error: --data {data}: none of the 360 val images could be read (see the warnings), "
+                      f"so there is no accuracy; the training is saved in {out}/checkpoints/last.pt: fix "
+                      f"the val files, then resume with --resume auto"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["last.pt"]
+    shutil.rmtree(data / "val")
+    shutil.copytree(digits / "val", data / "val")
+    resumed = run_train(*base, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout and "epoch 1, step 0" in resumed.stdout
+    assert "checkpoints/last.pt and best.pt" in resumed.stdout.splitlines()[-1]
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path, digits):

@@ -58,8 +58,17 @@ class EncodedImage:
         else:
             with Image.open(io.BytesIO(self.data)) as image:
                 image.draft("RGB", (width, height))
-                pixels = numpy.array(image.convert("RGB"))
+                pixels = rgb_pixels(image)
         return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
+def rgb_pixels(image):
+    """HWC uint8 RGB of a PIL image. 16-bit grayscale (PNG, TIFF: modes I;16* and I) is scaled to 8
+    bits; PIL's convert("RGB") would clip every value above 255 to white."""
+    if image.mode.startswith("I;16") or image.mode == "I":
+        gray = (numpy.asarray(image).astype(numpy.uint32) >> 8).clip(0, 255).astype(numpy.uint8)
+        return numpy.repeat(gray[:, :, None], 3, axis=2)
+    return numpy.array(image.convert("RGB"))
 
 
 def largest_reduction(height, width, keep):
