@@ -1,4 +1,5 @@
 """Train or evaluate MobileNetV1: python train.py [--config X.yaml] [flags] [DIR] [key.sub=value ...]"""
+import signal
 import sys
 
 from mobilenet.errors import exit_code
@@ -17,4 +18,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # the run is over and has said how:
+        signal.signal(stop, signal.SIG_IGN)  # a late signal must not turn its exit code into a kill
+    sys.exit(code)

@@ -63,9 +63,11 @@ def stop_signals():
 class StopOnSignal:
     """SIGTERM/SIGINT/SIGHUP (stop_signals), to this process, its group or every process of the
     job (torchrun, Slurm and container runtimes differ), ask the run to stop after the current
-    step; a second SIGINT interrupts. The loader's workers outlive them meanwhile (WorkerSignals),
-    so the run can finish the step and save. Processes agree after every step (a one-element reduction on the host, no
-    device sync), so all stop after the same step."""
+    step; a second SIGINT before the save starts interrupts the step (one that hangs, say). Once
+    the run saves (``saving()``), further signals are ignored until the process ends: the save
+    completes and the exit code says so. The loader's workers outlive the signals meanwhile
+    (WorkerSignals), so the run can finish the step and save. Processes agree after every step (a
+    one-element reduction on the host, no device sync), so all stop after the same step."""
 
     def __init__(self, world):
         self.world, self.received = world, None
@@ -77,12 +79,18 @@ class StopOnSignal:
         return self
 
     def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+        if self.received is None:
+            for sig, handler in self.previous.items():
+                signal.signal(sig, handler)
 
     def handle(self, signum, frame):
         self.received = signal.Signals(signum).name
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def saving(self):
+        """The run saves and ends now: from here on, signals are ignored."""
+        for sig in self.previous:
+            signal.signal(sig, signal.SIG_IGN)
 
     def should_stop(self):
         return any_rank(self.received is not None)
@@ -334,7 +342,8 @@ def save_last_if_finite(r, saver):
 
 
 def stopped(r, saver, stop):
-    """After SIGTERM/SIGINT: a resumable last.pt, and how to resume."""
+    """After SIGTERM/SIGINT/SIGHUP: a resumable last.pt, and how to resume."""
+    stop.saving()
     if r.world.is_main:
         save_last_if_finite(r, saver)
     r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.state.epoch} step "

@@ -4,16 +4,18 @@ UsageError: the user's input is wrong (a flag, a setting, a file or folder they 
 input fixes the run: exit 2. TrainingFailure: the run cannot go on (the loss diverged, the disk is
 full); what was saved before stays valid: exit 1. Both print as one ``error: ...`` line. Anything
 else is a bug (or a failure the app does not know): one line naming the file that holds its
-traceback, exit 1. A run stopped by a signal saves and exits 0; a second Ctrl-C interrupts: 130.
+traceback, exit 1. A run stopped by a signal saves and exits 0; a signal with nothing to save (during
+start-up, or a second Ctrl-C during a step) ends the process in one line, exit 128 + its number.
 """
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 import traceback
 from pathlib import Path
 
-EXIT_USAGE, EXIT_FAILURE, EXIT_INTERRUPTED = 2, 1, 130
+EXIT_USAGE, EXIT_FAILURE = 2, 1
 # Set by the multi-process launcher (mobilenet.launch): each worker leaves its exit code and line
 # there, so the launcher can print the line last, below torchrun's report.
 ERROR_DIR = "MOBILENET_ERROR_DIR"
@@ -27,9 +29,23 @@ class TrainingFailure(Exception):
     """The run had to stop (not the input's fault): reported in one line, no traceback."""
 
 
+def exit_at_once(signum, frame):
+    """A stop signal where no training run handles it (start-up: imports, the config, the data
+    scan): nothing to save, so the process ends now, in one line. Not an exception: one raised in
+    the middle of an import leaves that module half-built and surfaces as another error."""
+    name = signal.Signals(signum).name
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    os._exit(report(f"{name}: stopped, nothing saved now (checkpoints written before stay valid)",
+                    128 + signum))
+
+
 def exit_code(action, run_dir=lambda: None):
     """Runs ``action()`` and returns the process's exit code, reporting any failure in one line.
-    ``run_dir()``: where a bug's traceback goes (the temporary folder while it is None)."""
+    ``run_dir()``: where a bug's traceback goes (the temporary folder while it is None). A signal
+    that no training run handles (during start-up) ends it in one line with 128 + the signal's number."""
+    stop = [s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
+    previous = {s: signal.signal(s, exit_at_once) for s in stop}
     try:
         action()
         return report("", 0)
@@ -37,13 +53,16 @@ def exit_code(action, run_dir=lambda: None):
         return report(f"error: {one_line(e)}", EXIT_USAGE)
     except TrainingFailure as e:
         return report(f"error: {one_line(e)}", EXIT_FAILURE)
-    except KeyboardInterrupt:
-        return report("interrupted (Ctrl-C): stopped without saving; checkpoints written before stay valid",
-                      EXIT_INTERRUPTED)
+    except KeyboardInterrupt:  # a second Ctrl-C during a step (StopOnSignal)
+        return report("SIGINT: stopped, nothing saved now (checkpoints written before stay valid)",
+                      128 + signal.SIGINT)
     except Exception as e:  # noqa: BLE001 - a bug: the user gets one line, the traceback a file
         path = save_traceback(run_dir())
         return report(f"error: unexpected {type(e).__name__}: {one_line(e)[:300]} (a bug, or a failure "
                       f"the app does not handle; traceback in {path})", EXIT_FAILURE)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def report(line, code):

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -142,3 +143,42 @@ def test_sighup_stays_ignored_under_nohup(tmp_path, digits):
     rest, errors = proc.communicate(timeout=300)
     assert proc.returncode == 0, errors[-2000:]
     assert "stopped" not in rest and json.loads((out / "summary.json").read_text())["epochs"] == 2
+
+
+def start_demo(digits, out, *extra):
+    """python train.py on the demo in a session of its own (as a terminal's job: Ctrl-C reaches
+    the group); text pipes."""
+    return subprocess.Popen([sys.executable, "train.py", *DEMO, "--data", str(digits), "--output", str(out),
+                             "train.log_every=1", *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.parametrize("sig, gap", [(signal.SIGTERM, 0.05), (signal.SIGINT, 0.05), (signal.SIGTERM, 0.3)])
+def test_two_signals_in_a_row_save_once_and_exit_zero(tmp_path, digits, sig, gap):
+    """A second signal while the run stops and saves (or while the process ends) is ignored:
+    the save completes, exit code 0, the stop line once, nothing on stderr."""
+    proc = start_demo(digits, tmp_path / "run", "data.batch_size=8")
+    for line in proc.stdout:
+        if line.startswith("Epoch: [0][10/"):
+            os.killpg(proc.pid, sig)
+            time.sleep(gap)
+            os.killpg(proc.pid, sig)
+            break
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and stderr == "", stderr[-3000:]
+    assert stdout.count(f"{sig.name}: stopped at epoch 0 step") == 1
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"] >= 10
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_start_up_is_one_line(tmp_path, digits, sig):
+    """Ctrl-C (or a TERM) while torch loads or the run is built: one line, exit 128 + the signal's
+    number, nothing written."""
+    proc = start_demo(digits, tmp_path / "run")
+    time.sleep(0.6)  # python is up, torch and the run are still loading (2 s and more here)
+    os.killpg(proc.pid, sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig.value, stdout[-2000:] + stderr[-3000:]
+    assert stderr.splitlines() == [f"{sig.name}: stopped, nothing saved now (checkpoints written before "
+                                   f"stay valid)"], stderr[-3000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
