@@ -3,8 +3,9 @@
 # Several cards on this node:       bash train.sh --nproc 8 --optimizer=fused --data /imagenet
 # Several nodes (run on each node): bash train.sh --nproc 8 --nnodes 2 --node-rank R \
 #                                       --master-addr HOST --master-port 29500 [...]
-# Restart after a failure:          --max-restarts N (torchrun's own; the run resumes from its newest
-#                                   checkpoint; see train.checkpoint_every_minutes)
+#                                   (--join-timeout S: how long the nodes wait for each other, 600)
+# Restart after a failure:          --max-restarts N (torchrun's own; every rank resumes from rank 0's
+#                                   newest checkpoint; see train.checkpoint_every_minutes)
 # Every other flag (--optimizer, --device, --data, --config, key.sub=value, ...) goes to train.py.
 # The launcher flags of ModelZoo's and pytorch/examples' main.py that mean one thing on one node:
 #   --addr HOST                     = --master-addr HOST
@@ -14,17 +15,18 @@
 set -euo pipefail
 
 nproc="" nnodes=1 node_rank=0 master_addr="" master_port=29500 max_restarts=0 rdzv_id=mobilenet
+join_timeout=600
 cards="" cards_flag=""
 forward=()
 fail() { echo "error: $1" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   flag="$1"
   case "$flag" in
-    --nproc|--nnodes|--node-rank|--master-addr|--master-port|--max-restarts|--rdzv-id|--addr|\
+    --nproc|--nnodes|--node-rank|--master-addr|--master-port|--max-restarts|--rdzv-id|--join-timeout|--addr|\
     --device-list|--device_list|--device_id|--device-id|--gpu)
       [ $# -ge 2 ] || fail "$flag needs a value"
       value="$2"; shift ;;
-    --nproc=*|--nnodes=*|--node-rank=*|--master-addr=*|--master-port=*|--max-restarts=*|--rdzv-id=*|\
+    --nproc=*|--nnodes=*|--node-rank=*|--master-addr=*|--master-port=*|--max-restarts=*|--rdzv-id=*|--join-timeout=*|\
     --addr=*|--device-list=*|--device_list=*|--device_id=*|--device-id=*|--gpu=*)
       value="${flag#*=}"; flag="${flag%%=*}" ;;
     *) forward+=("$flag"); shift; continue ;;
@@ -40,6 +42,7 @@ while [ $# -gt 0 ]; do
     --master-port) master_port="$value" ;;
     --max-restarts) max_restarts="$value" ;;
     --rdzv-id) rdzv_id="$value" ;;
+    --join-timeout) join_timeout="$value" ;;
     --device-list|--device_list|--device_id|--device-id|--gpu)
       [ -z "$cards_flag" ] || fail "$cards_flag and $flag both choose the cards; give one"
       [[ "$value" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "$flag needs card numbers like 0 or 0,1,2,3, got '$value'"
@@ -60,7 +63,8 @@ if [ -n "$cards" ]; then
 fi
 nproc="${nproc:-1}" master_addr="${master_addr:-127.0.0.1}"
 whole --nproc "$nproc"; whole --nnodes "$nnodes"; whole --node-rank "$node_rank"
-whole --master-port "$master_port"; whole --max-restarts "$max_restarts"
+whole --master-port "$master_port"; whole --max-restarts "$max_restarts"; whole --join-timeout "$join_timeout"
+[ "$join_timeout" -ge 1 ] || fail "--join-timeout must be at least 1 (seconds), got $join_timeout"
 [ "$nproc" -ge 1 ] || fail "--nproc must be at least 1 (processes on this node, one per card), got $nproc"
 [ "$nnodes" -ge 1 ] || fail "--nnodes must be at least 1, got $nnodes"
 [ "$node_rank" -lt "$nnodes" ] || fail "--node-rank must be below --nnodes ($nnodes), got $node_rank"
@@ -76,7 +80,8 @@ if [ "$nnodes" -eq 1 ]; then
   rendezvous=(--standalone)
 else  # torchrun's c10d rendezvous; the host at --master-addr serves it (node ranks follow from it)
   rendezvous=(--nnodes "$nnodes" --node-rank "$node_rank" --rdzv-backend c10d
-              --rdzv-endpoint "$master_addr:$master_port" --rdzv-id "$rdzv_id")
+              --rdzv-endpoint "$master_addr:$master_port" --rdzv-id "$rdzv_id"
+              --rdzv-conf "join_timeout=$join_timeout")
 fi
 if [ "$max_restarts" -gt 0 ]; then
   # a restarted round must not read the previous round's store keys (pytorch/pytorch#135712):

@@ -45,7 +45,7 @@ def launch(torchrun, args, errors):
     ended them) and the exit code of the first (2 for a usage error, else 1)."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous import RendezvousError
+    from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
     node = f"node {args.node_rank} of {args.nnodes}" if str(args.nnodes) != "1" else "this node"
     if str(args.nnodes) != "1":
         print(f"{node}: meeting the other nodes at {args.rdzv_endpoint} (torchrun waits "
@@ -56,18 +56,22 @@ def launch(torchrun, args, errors):
         return signalled(e.sigval.name, outcomes(errors), args)
     except ChildFailedError as e:
         print(e, file=sys.stderr)
-        lines = [(code, line) for code, line in outcomes(errors).values() if code]
-        if not lines:
+        failed = [(code, line) for code, line in outcomes(errors).values() if code]
+        if failed:  # the first to fail is the cause; the others failed because it left
+            code, line = failed[0]
+        else:
             rank, failure = e.get_first_failure()
             ended = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-            lines = [(EXIT_FAILURE, f"error: rank {rank} ended with {ended} (see above); the job stopped")]
-        for _, line in dict.fromkeys(lines):
-            print(line, file=sys.stderr, flush=True)
-        return lines[0][0]
+            code, line = EXIT_FAILURE, f"error: rank {rank} ended with {ended} (see above); the job stopped"
+        print(line, file=sys.stderr, flush=True)
+        return code
     except RendezvousError as e:
-        print(f"error: {node}: the rendezvous at {args.rdzv_endpoint} failed ({type(e).__name__}: "
-              f"{str(e).splitlines()[0] if str(e) else 'no detail'}); start train.sh on every node with "
-              f"the same --nnodes, --master-addr, --master-port and --rdzv-id", file=sys.stderr, flush=True)
+        if isinstance(e, RendezvousTimeoutError):
+            what = f"the other nodes did not all arrive within {rendezvous_timeout(args)} s"
+        else:
+            what = f"the rendezvous failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})"
+        print(f"error: {node} at {args.rdzv_endpoint}: {what}; start train.sh on every node with the same "
+              f"--nnodes, --master-addr, --master-port and --rdzv-id", file=sys.stderr, flush=True)
         return EXIT_FAILURE
     if str(args.nnodes) != "1":
         print(f"{node}: the job ended", flush=True)
@@ -75,9 +79,10 @@ def launch(torchrun, args, errors):
 
 
 def outcomes(errors):
-    """{rank: (exit code, line)} of the workers that ended through train.py, rank 0's first."""
+    """{rank: (exit code, line)} of the workers that ended through train.py, in the order they
+    ended."""
     found = {}
-    for path in sorted(errors.glob("rank*")):
+    for path in sorted(errors.glob("rank*"), key=lambda path: path.stat().st_mtime_ns):
         code, _, line = path.read_text().partition("\n")
         found[int(path.name.removeprefix("rank"))] = (int(code), line.strip())
     return found

@@ -184,7 +184,7 @@ echo "exit $?"
 
 FILLS_MID_RUN = """
 {python} {train} {args} --output {mount}/run > {logs}/log 2>{logs}/err &
-until grep -q "Epoch: \\[0\\]\\[2/" {logs}/log; do sleep 0.05; done
+until grep -qs "Epoch: \\[0\\]\\[2/" {logs}/log; do sleep 0.05; done
 dd if=/dev/zero of={mount}/filler bs=4k 2>/dev/null
 wait $!
 echo "exit $?"

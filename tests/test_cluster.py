@@ -7,12 +7,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TWO_RANKS, assert_same_weights, process_tree, start_two_ranks
+from conftest import ROOT, TINY, TWO_RANKS, assert_same_weights, process_tree, start_two_ranks, train_sh
 from mobilenet.checkpoint import load_checkpoint
 
 ONE_RANK_EACH = [a for a in TWO_RANKS if a not in ("--nproc", "2")]
@@ -237,4 +238,45 @@ def test_elastic_restart_across_two_nodes_resumes_every_rank_from_one_checkpoint
     resumed = re.findall(r"resumed from \S+ \(epoch 0, step (\d+)\)", text[0])
     assert len(resumed) == 2 and 8 <= int(resumed[0]) < int(resumed[1]), text[0][-3000:]
     assert not (outs[1] / "checkpoints").exists()
+    assert [log.strip().splitlines()[-1] for log in text] == [f"node {rank} of 2: the job ended" for rank in (0, 1)]
     assert_same_weights(straight_two_ranks, outs[0])
+
+
+def test_a_node_whose_partner_never_arrives_exits_with_a_line():
+    """--nnodes 2 with one node started: after --join-timeout the agent exits 1 with one line
+    that says what to start, instead of waiting on."""
+    result = subprocess.run(["bash", "train.sh", *ONE_RANK_EACH, "--nproc", "1", "--nnodes", "2",
+                             "--node-rank", "0", "--master-port", str(port := free_port()), "--join-timeout", "2"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stdout.strip() == f"node 0 of 2: meeting the other nodes at 127.0.0.1:{port} (torchrun waits 2 s for them)"
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: node 0 of 2 at 127.0.0.1:{port}: the other nodes did not all arrive within 2 s; start "
+        f"train.sh on every node with the same --nnodes, --master-addr, --master-port and --rdzv-id")
+
+
+def test_a_bad_setting_under_nproc_is_one_line_before_torchrun_starts(tmp_path):
+    result = train_sh("--nproc", "2", "--data", "synthetic", "optim.lr=-1", "--output", tmp_path / "run")
+    assert result.returncode == 2
+    assert result.stderr == "error: override 'optim.lr=-1': 'optim.lr' must be positive, got -1.0\n"
+    assert result.stdout == "" and not (tmp_path / "run").exists()
+
+
+def test_a_second_job_on_a_live_output_is_refused_in_the_last_line(tmp_path):
+    """A two-process job on the --output of a live run: its refusal comes below torchrun's
+    report, exit 2."""
+    out = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "train.py", "--data", "synthetic", *TINY, "--epochs", "50",
+                              "--output", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        for line in first.stdout:
+            if line.startswith("Epoch:"):
+                break
+        second = train_sh(*TWO_RANKS, "--output", out)
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.communicate(timeout=120)
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert re.fullmatch(rf"error: --output {out}: another run is using it \(pid \d+ on .+\); wait for it to end or "
+                        rf"stop it, or pass another --output", second.stderr.strip().splitlines()[-1])
