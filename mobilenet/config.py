@@ -299,7 +299,7 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
     """The run's read-only config: ``cfg``'s settings plus ``derived``, computed here once.
 
     derived: device (npu|cuda|cpu), world_size, global_batch, lr (optim.lr, scaled to the global
-    batch when optim.lr_scale_batch > 0), channels_last, optimizer (the implementation that runs:
+    batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the implementation that runs:
     loop|foreach|fused|npu_fused), amp_backend (none|native|apex). ``output`` defaults to
     runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
     what the flags of other scripts' dialects became (mobilenet.cli), kept for the log.
@@ -319,7 +319,7 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
         "device": device, "world_size": world.size, "global_batch": global_batch, "lr": lr,
         # torch_npu keeps its own internal layouts; channels-last measured faster on cpu and cuda
         "channels_last": device != "npu" if channels_last == "auto" else channels_last,
-        "optimizer": choose_implementation(name=optim["name"], impl=optim["impl"], device=device,
+        "optimizer_implementation": choose_implementation(name=optim["name"], impl=optim["impl"], device=device,
                                            foreach=optim["foreach"]),
         "amp_backend": choose_backend(amp["level"], amp["backend"]),
         "command_line": list(command_line),

@@ -172,7 +172,7 @@ def build_run(cfg, world, device):
     state = TrainingState(cfg, device, steps)
     optim = cfg["optim"]
     log.info(f"device {describe(device)}, {world.size} process(es); optimizer "
-             f"{describe_optimizer(optim['name'], derived['optimizer'])}; amp {cfg['amp']['level']} "
+             f"{describe_optimizer(optim['name'], derived['optimizer_implementation'])}; amp {cfg['amp']['level']} "
              f"({derived['amp_backend']})")
     scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
     log.info(f"data {data['path']}: {len(train_set)} train / {len(val_set)} val images, batch "
@@ -312,8 +312,8 @@ def finish(r, totals, results):
                "img_per_s": totals["images"] / seconds if seconds else 0.0,
                "data_wait_share": totals["data_wait_s"] / seconds if seconds else 0.0,
                "other_cpu_share": totals["other_load"].so_far(),  # other processes, as benchmarks report
-               "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer"],
-               "optimizer_class": describe_optimizer(cfg["optim"]["name"], derived["optimizer"]),
+               "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer_implementation"],
+               "optimizer_class": describe_optimizer(cfg["optim"]["name"], derived["optimizer_implementation"]),
                "device": r.device.type, "amp": cfg["amp"]["level"], "world_size": r.world.size,
                "global_batch": derived["global_batch"],
                "peak_memory_mb": round(peak_memory_mb(r.device), 1), "unreadable_images": unreadable}

@@ -1,12 +1,13 @@
 """Optimizers: one table of algorithms, four implementations, and the LR schedules.
 
 Implementations of one algorithm, from most launches per step to fewest:
-  loop       torch's per-parameter for-loop (foreach=False): several small ops per tensor
-  foreach    torch's multi-tensor path (foreach=True): one op per operation for all tensors
-  fused      torch's fused kernel (fused=True): one kernel for the whole update (cuda, cpu)
-  npu_fused  torch_npu.optim.NpuFused*: params, grads and state combined into contiguous buffers
+  loop         torch's per-parameter for-loop (foreach=False): several small ops per tensor
+  foreach      torch's multi-tensor path (foreach=True): one op per operation for all tensors
+  torch_fused  torch's fused kernel (fused=True): one kernel for the whole update (cuda, cpu)
+  npu_fused    torch_npu.optim.NpuFused*: params, grads and state combined into contiguous buffers
 ``optim.impl=standard`` runs what an unmodified torch optimizer runs on the device (torch chooses
-loop or foreach; ``optim.foreach`` forces one); ``fused`` runs the fused one the device has.
+loop or foreach; ``optim.foreach`` forces one); ``fused`` runs the fused one the device has
+(torch_fused or npu_fused).
 """
 import math
 from dataclasses import dataclass
@@ -31,11 +32,11 @@ ALGORITHMS = {
     "adamw": Algorithm(torch.optim.AdamW, "NpuFusedAdamW", ("betas", "eps"), True),
     "rmsprop": Algorithm(torch.optim.RMSprop, "NpuFusedRMSprop", ("momentum", "alpha", "eps"), False),
 }
-IMPLEMENTATIONS = ("loop", "foreach", "fused", "npu_fused")
+IMPLEMENTATIONS = ("loop", "foreach", "torch_fused", "npu_fused")
 # the optim.* overrides that select each implementation (npu_fused: optim.impl=fused on npu)
 SETTINGS = {"loop": ["optim.impl=standard", "optim.foreach=false"],
             "foreach": ["optim.impl=standard", "optim.foreach=true"],
-            "fused": ["optim.impl=fused"]}
+            "torch_fused": ["optim.impl=fused"]}
 
 
 def torch_default_foreach(device):
@@ -45,12 +46,12 @@ def torch_default_foreach(device):
 
 
 def choose_implementation(*, name, impl, device, foreach="auto"):
-    """loop | foreach | fused | npu_fused for algorithm ``name``, optim.impl ``impl`` (standard or
+    """loop | foreach | torch_fused | npu_fused for algorithm ``name``, optim.impl ``impl`` (standard or
     fused), a device type and optim.foreach (auto, True or False; for standard only)."""
     if impl == "fused":
         if device == "npu":
             return "npu_fused"
-        return "fused" if ALGORITHMS[name].fused_kernel else "foreach"
+        return "torch_fused" if ALGORITHMS[name].fused_kernel else "foreach"
     if foreach == "auto":
         foreach = torch_default_foreach(device)
     return "foreach" if foreach else "loop"
@@ -86,7 +87,7 @@ def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight
         kwargs["betas"] = tuple(kwargs["betas"])
     if implementation == "npu_fused":
         return getattr(import_torch_npu().optim, algorithm.npu_fused)(groups, **kwargs)
-    flag = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+    flag = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "torch_fused": {"fused": True}}
     return algorithm.torch_class(groups, **flag[implementation], **kwargs)
 
 
@@ -121,7 +122,7 @@ def describe_optimizer(name, implementation):
     if implementation == "foreach" and not algorithm.fused_kernel:
         return f"{cls} (multi-tensor foreach: torch has no fused {cls} kernel)"
     return cls + {"loop": " (per-parameter loop, foreach=False)", "foreach": " (multi-tensor foreach)",
-                  "fused": " (fused kernel)"}[implementation]
+                  "torch_fused": " (fused kernel)"}[implementation]
 
 
 def zero_grad_to_none(implementation):

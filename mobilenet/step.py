@@ -89,8 +89,8 @@ def build_train_step(cfg, device):
     layout = torch.channels_last if derived["channels_last"] else torch.contiguous_format
     net = net.to(device, memory_format=layout)
     precision = build_precision(cfg["amp"], backend=derived["amp_backend"], device=device, net=net,
-                                skip_on_device=derived["optimizer"] == "fused")
-    optimizer = build_optimizer(precision.params(net), implementation=derived["optimizer"],
+                                skip_on_device=derived["optimizer_implementation"] == "torch_fused")
+    optimizer = build_optimizer(precision.params(net), implementation=derived["optimizer_implementation"],
                                 name=optim["name"], lr=derived["lr"],
                                 weight_decay=optim["weight_decay"],
                                 no_decay_bn_bias=optim["no_decay_bn_bias"], **hyperparameters(optim))
@@ -100,11 +100,11 @@ def build_train_step(cfg, device):
     model = wrap_ddp(net, derived["world_size"], device)
     if derived["compile"]:  # net stays eager: checkpoints keep their keys, validation runs it
         model = compiled(model, **derived["compile"])
-        if derived["optimizer"] != "npu_fused":  # NpuFused* manage their own combined buffers
+        if derived["optimizer_implementation"] != "npu_fused":  # NpuFused* manage their own combined buffers
             hold_lr_in_tensors(optimizer)
             # a bound method again, as LR schedulers expect to find and wrap
             optimizer.step = types.MethodType(torch.compile(type(optimizer).step), optimizer)
     return TrainStep(net=net, model=model, optimizer=optimizer, compiled=derived["compile"] is not None,
-                     precision=precision, ema=ema, implementation=derived["optimizer"],
+                     precision=precision, ema=ema, implementation=derived["optimizer_implementation"],
                      algorithm=optim["name"],
                      criterion=nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"]))

@@ -2,7 +2,7 @@
 # The three optimizer implementations, back to back with the same seed, data and settings:
 #   loop     optim.impl=standard optim.foreach=false  (the seed article's baseline; torch on cpu/910A)
 #   foreach  optim.impl=standard optim.foreach=true   (torch's default on cuda and Ascend A2/A3)
-#   fused    optim.impl=fused                         (torch fused=True; NpuFused* on npu)
+#   fused    optim.impl=fused                         (torch_fused: fused=True; npu_fused on npu)
 #   bash scripts/compare_optimizers.sh [train.sh flags]      (default: the bundled demo)
 # Every run measures its step-time breakdown (train.measure_breakdown=true). Writes
 # $COMPARE_OUT (default runs/compare)/{loop,foreach,fused} (TensorBoard: tensorboard --logdir

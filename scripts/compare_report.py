@@ -54,7 +54,7 @@ def main(folder):
     loop = summaries["loop"]
     print(" vs ".join(s["optimizer_class"] for s in summaries.values()) +
           f" on {loop['device']}, amp {loop['amp']}, global batch {loop['global_batch']}")
-    print("| | loop | foreach | fused | foreach / loop | fused / loop |\n|---|---|---|---|---|---|")
+    print("| | loop | foreach | fused (--optimizer fused) | foreach / loop | fused / loop |\n|---|---|---|---|---|---|")
     report = {**summaries, "ratio": {}, "ratio_foreach": {}}
     for label, key, fmt in ROWS:
         values = [summaries[name].get(key) for name in RUNS]

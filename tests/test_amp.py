@@ -23,9 +23,9 @@ def o2_setup(impl, dtype="float16", loss_scale="dynamic"):
     """(model, precision, optimizer) of a TrainStep at O2; impl standard runs the loop."""
     torch.manual_seed(0)
     model = MobileNetV1(0.25, 10)
-    implementation = "fused" if impl == "fused" else "loop"
+    implementation = "torch_fused" if impl == "fused" else "loop"
     precision = build_precision(amp_cfg("O2", dtype, loss_scale), backend="native", device=CPU,
-                                net=model, skip_on_device=implementation == "fused")
+                                net=model, skip_on_device=implementation == "torch_fused")
     optimizer = build_optimizer(precision.params(model), implementation=implementation, lr=0.1)
     return model, precision, optimizer
 

@@ -83,7 +83,7 @@ def test_resolve_computes_derived_values_once_into_a_read_only_config():
     derived = resolved["derived"]
     assert derived["global_batch"] == 256 and derived["lr"] == pytest.approx(0.1)  # 0.1 per 256
     assert derived["device"] == "cpu" and derived["channels_last"] is True
-    assert derived["optimizer"] == "foreach" and derived["amp_backend"] == "native"
+    assert derived["optimizer_implementation"] == "foreach" and derived["amp_backend"] == "native"
     assert resolved["output"] == "runs/imagenet-standard" and cfg["output"] is None
     for change in (lambda: resolved.__setitem__("seed", 1), lambda: resolved["optim"].update(lr=1),
                    lambda: resolved["derived"].pop("lr")):
@@ -94,10 +94,10 @@ def test_resolve_computes_derived_values_once_into_a_read_only_config():
 
 @pytest.mark.parametrize("impl,foreach,expected", [
     ("standard", "auto", "loop"),      # what torch.optim.SGD(params, lr, ...) runs on cpu
-    ("standard", True, "foreach"), ("standard", False, "loop"), ("fused", "auto", "fused")])
+    ("standard", True, "foreach"), ("standard", False, "loop"), ("fused", "auto", "torch_fused")])
 def test_standard_is_torchs_own_choice_unless_forced(impl, foreach, expected):
     cfg = build_config(None, settings={"optim.impl": impl, "optim.foreach": foreach})
-    assert resolve(cfg)["derived"]["optimizer"] == expected
+    assert resolve(cfg)["derived"]["optimizer_implementation"] == expected
 
 
 @pytest.mark.parametrize("settings,message", [
@@ -132,7 +132,7 @@ def test_build_config_resolve_and_run_without_train_py(tmp_path, digits):
     assert "optimizer SGD (per-parameter loop, foreach=False)" in result.stdout.splitlines()[0]
     assert result.stdout.splitlines()[-1] == "loop"
     saved = yaml.safe_load((out / "config.yaml").read_text())
-    assert saved["derived"]["optimizer"] == "loop" and saved["output"] == str(out)
+    assert saved["derived"]["optimizer_implementation"] == "loop" and saved["output"] == str(out)
 
 
 def test_a_runs_config_yaml_is_a_recipe_again(tmp_path):

@@ -74,7 +74,7 @@ def main(argv=None):
     from mobilenet.device import cpu_model
     from mobilenet.harness import interleave, markdown_table, write_json
     variants, ops = {}, {}
-    for impl in ("loop", "fused"):
+    for impl in ("loop", "torch_fused"):
         for ema in ("none", "app", "torch"):
             name = f"{impl}, EMA {ema}"
             variants[name], ops[name] = timed_step(args, overrides, impl, ema)

@@ -83,14 +83,14 @@ def main(argv=None):
     timers = {f"{impl} b{b}": step_timer(cfg, device, b) for impl, cfg in configs.items() for b in args.batches}
     rounds = interleave(timers, args.rounds)
     small, big = min(args.batches), max(args.batches)
-    k = (rounds.median(f"fused b{big}") - counts["fused"] * c / 1000) / big  # ms per image
+    k = (rounds.median(f"torch_fused b{big}") - counts["torch_fused"] * c / 1000) / big  # ms per image
     # the same line fitted through the fused step at the smallest and largest batch: its intercept
     # over N is what a launch of this step's real ops costs the host, beside the one-element add
-    k_fit = (rounds.median(f"fused b{big}") - rounds.median(f"fused b{small}")) / max(big - small, 1)
-    c_fit = (rounds.median(f"fused b{small}") - small * k_fit) / counts["fused"] * 1000
+    k_fit = (rounds.median(f"torch_fused b{big}") - rounds.median(f"torch_fused b{small}")) / max(big - small, 1)
+    c_fit = (rounds.median(f"torch_fused b{small}") - small * k_fit) / counts["torch_fused"] * 1000
     sync = device.type == "cpu"
     print(f"MobileNetV1 x{args.width} at {args.resolution}px, amp {args.amp}, {device}: launch cost c = "
-          f"{c:.2f} us; launches per step N = {counts['loop']} (loop), {counts['fused']} (fused); compute "
+          f"{c:.2f} us; launches per step N = {counts['loop']} (loop), {counts['torch_fused']} (fused); compute "
           f"k = {k:.3f} ms/image (fused at batch {big}); {rounds.describe()}")
     print(f"fitted through the fused step at batches {small} and {big}: {c_fit:.1f} us per launch, "
           f"k = {k_fit:.3f} ms/image")
@@ -101,20 +101,20 @@ def main(argv=None):
         return (n * launch / 1000 + b * per_image) if sync else max(n * launch / 1000, b * per_image)
     rows = []
     for b in args.batches:
-        measured = rounds.ratio(f"loop b{b}", f"fused b{b}")
-        rows.append({"batch": b, "loop_ms": rounds.median(f"loop b{b}"), "fused_ms": rounds.median(f"fused b{b}"),
-                     "predicted_ratio": predict(counts["loop"], b, c, k) / predict(counts["fused"], b, c, k),
+        measured = rounds.ratio(f"loop b{b}", f"torch_fused b{b}")
+        rows.append({"batch": b, "loop_ms": rounds.median(f"loop b{b}"), "fused_ms": rounds.median(f"torch_fused b{b}"),
+                     "predicted_ratio": predict(counts["loop"], b, c, k) / predict(counts["torch_fused"], b, c, k),
                      "predicted_ratio_fitted": (predict(counts["loop"], b, c_fit, k_fit) /
-                                                predict(counts["fused"], b, c_fit, k_fit)),
+                                                predict(counts["torch_fused"], b, c_fit, k_fit)),
                      "measured_ratio": measured[0], "measured_spread": measured[1:]})
     print(markdown_table(["batch", "loop ms (measured)", "fused ms (measured)", "loop/fused predicted, c of one add",
                           "predicted, fitted c", "measured (median, min-max)"],
                          [[r["batch"], f"{r['loop_ms']:.1f}", f"{r['fused_ms']:.1f}", f"{r['predicted_ratio']:.3f}x",
                            f"{r['predicted_ratio_fitted']:.3f}x", rounds.ratio_cell(f"loop b{r['batch']}",
-                                                                                f"fused b{r['batch']}")]
+                                                                                f"torch_fused b{r['batch']}")]
                           for r in rows]))
     # the seed article: standard host-bound at 1200 img/s with batch 256 fixes c; fused at 1800
-    n_std, n_fused, batch = counts["loop"], counts["fused"], ARTICLE["batch"]
+    n_std, n_fused, batch = counts["loop"], counts["torch_fused"], ARTICLE["batch"]
     c_article = batch / ARTICLE["standard"] / n_std * 1e6
     ceiling = n_std / n_fused
     print(f"\nseed article ({ARTICLE['standard']:.0f} -> {ARTICLE['fused']:.0f} img/s, batch {batch}, 1.5x), "

@@ -29,7 +29,7 @@ def budgets(args, overrides):
                 f"amp.level={level}", f"amp.dtype={args.dtype}", "amp.backend=native",
                 f"train.ema_decay={args.ema_decay}", *settings, *overrides]))
             counts = op_budget(cfg, open_device(cfg["derived"]["device"]))
-            rows.append({"implementation": cfg["derived"]["optimizer"], "amp": level, **counts,
+            rows.append({"implementation": cfg["derived"]["optimizer_implementation"], "amp": level, **counts,
                          "total": sum(counts[p] for p in PHASES)})
     return rows
 
