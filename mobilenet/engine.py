@@ -545,7 +545,10 @@ def restore(r, resume, fallback=None, evaluate_only=False):
 def choose_checkpoint(r, resume, fallback, evaluate_only):
     """(path, checkpoint dict) to resume from, or (None, None) to start fresh (said)."""
     if resume != "auto":
-        return str(resume), ckpt.load_checkpoint(resume)
+        state = ckpt.load_checkpoint(resume)
+        if not evaluate_only:
+            refuse_going_back(r, resume, state)
+        return str(resume), state
     found = ckpt.load_latest(r.cfg["output"], r.log.info, is_training_checkpoint)
     if found is not None:
         return str(found[0]), found[1]
@@ -556,3 +559,18 @@ def choose_checkpoint(r, resume, fallback, evaluate_only):
                          f"pass --output of a run that has one, or --resume FILE")
     r.log.info(f"--resume auto: no checkpoint in {r.cfg['output']}, starting fresh")
     return None, None
+
+
+def refuse_going_back(r, resume, state):
+    """A run resumed from ``resume`` saves over the run directory's last.pt: refused when that
+    directory holds a checkpoint of a later position (it would be replaced by an earlier one)."""
+    if not is_training_checkpoint(state):
+        return
+    try:
+        later = ckpt.load_latest(r.cfg["output"], lambda line: None, is_training_checkpoint)
+    except UsageError:  # nothing there can continue a run: nothing to lose
+        return
+    if later and (later[1]["epoch"], later[1]["step"]) > (state["epoch"], state["step"]):
+        raise UsageError(f"--resume {resume} is at epoch {state['epoch']} step {state['step']}, but "
+                         f"{later[0]} is further (epoch {later[1]['epoch']} step {later[1]['step']}) and "
+                         f"this run would save over it; to branch from {resume}, pass another --output")

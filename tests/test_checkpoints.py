@@ -32,6 +32,20 @@ def two_epochs(tmp_path, digits):
     return out
 
 
+def test_resuming_an_earlier_checkpoint_into_a_later_run_is_refused(two_epochs, digits, capsys, tmp_path):
+    """No save replaces a checkpoint of a later position with an earlier one: resuming epoch 1's
+    file into the run directory that reached epoch 2 is refused; elsewhere it branches."""
+    folder = two_epochs / "checkpoints"
+    before = (folder / "last.pt").read_bytes()
+    earlier = folder / "epoch_001.pt"
+    assert run(digits, two_epochs, "--epochs", "3", "--resume", str(earlier)) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --resume {earlier} is at epoch 1 step 0, but {folder / 'last.pt'} is further (epoch 2 "
+        f"step 0) and this run would save over it; to branch from {earlier}, pass another --output")
+    assert (folder / "last.pt").read_bytes() == before
+    assert run(digits, tmp_path / "branch", "--epochs", "3", "--resume", str(earlier)) == 0
+
+
 def test_best_and_epoch_files_are_independent_of_last(two_epochs):
     folder = two_epochs / "checkpoints"
     names = {p.name for p in folder.iterdir()}
