@@ -19,6 +19,7 @@ EXIT_USAGE, EXIT_FAILURE = 2, 1
 # Set by the multi-process launcher (mobilenet.launch): each worker leaves its exit code and line
 # there, so the launcher can print the line last, below torchrun's report.
 ERROR_DIR = "MOBILENET_ERROR_DIR"
+STOPPED = "{name}: stopped, nothing saved now (checkpoints written before stay valid)"
 
 
 class UsageError(Exception):
@@ -36,8 +37,7 @@ def exit_at_once(signum, frame):
     name = signal.Signals(signum).name
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
-    os._exit(report(f"{name}: stopped, nothing saved now (checkpoints written before stay valid)",
-                    128 + signum))
+    os._exit(report(STOPPED.format(name=name), 128 + signum, echo=not os.environ.get(ERROR_DIR)))
 
 
 def exit_code(action, run_dir=lambda: None):
@@ -54,8 +54,7 @@ def exit_code(action, run_dir=lambda: None):
     except TrainingFailure as e:
         return report(f"error: {one_line(e)}", EXIT_FAILURE)
     except KeyboardInterrupt:  # a second Ctrl-C during a step (StopOnSignal)
-        return report("SIGINT: stopped, nothing saved now (checkpoints written before stay valid)",
-                      128 + signal.SIGINT)
+        return report(STOPPED.format(name="SIGINT"), 128 + signal.SIGINT, echo=not os.environ.get(ERROR_DIR))
     except Exception as e:  # noqa: BLE001 - a bug: the user gets one line, the traceback a file
         path = save_traceback(run_dir())
         return report(f"error: unexpected {type(e).__name__}: {one_line(e)[:300]} (a bug, or a failure "
@@ -65,11 +64,12 @@ def exit_code(action, run_dir=lambda: None):
             signal.signal(sig, handler)
 
 
-def report(line, code):
-    """Prints ``line`` to stderr (if any, and if it still can) and, under the launcher, leaves it
-    and ``code`` for it; returns ``code``."""
+def report(line, code, echo=True):
+    """Prints ``line`` to stderr (if any, ``echo`` and it still can) and, under the launcher,
+    leaves it and ``code`` for it; returns ``code``. (Under the launcher a signal's line is left to
+    it: every worker gets the signal, the user needs the line once.)"""
     try:
-        if line:
+        if line and echo:
             print(line, file=sys.stderr, flush=True)
     except OSError:  # the terminal is gone; the code still tells
         pass

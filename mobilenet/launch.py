@@ -6,11 +6,12 @@ python -m mobilenet.launch [torchrun flags] train.py [train.py flags]
 """
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
 
-from mobilenet.errors import EXIT_FAILURE, ERROR_DIR, exit_code
+from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, STOPPED, exit_code
 
 
 def main(argv=None):
@@ -23,6 +24,9 @@ def main(argv=None):
     os.environ[ERROR_DIR] = folder  # the workers inherit it
     try:
         return launch(torchrun, args, Path(folder))
+    except KeyboardInterrupt:  # before torchrun's own handlers are in place
+        print(STOPPED.format(name="SIGINT"), file=sys.stderr)
+        return 128 + signal.SIGINT
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -31,8 +35,8 @@ def check_config(args):
     """Resolves train.py's config as each worker will (the world size torchrun will give them),
     so a bad flag or setting is one line, exit 2, before anything starts."""
     from mobilenet.cli import build_parser, config_from_args
-    nodes = int(str(args.nnodes).split(":")[-1])
-    os.environ.update(LOCAL_WORLD_SIZE=str(args.nproc_per_node), WORLD_SIZE=str(nodes * int(args.nproc_per_node)))
+    os.environ.update(LOCAL_WORLD_SIZE=str(args.nproc_per_node),
+                      WORLD_SIZE=str(node_count(args) * int(args.nproc_per_node)))
     try:
         config_from_args(build_parser().parse_intermixed_args(args.training_script_args))
     finally:
@@ -46,8 +50,9 @@ def launch(torchrun, args, errors):
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
-    node = f"node {args.node_rank} of {args.nnodes}" if str(args.nnodes) != "1" else "this node"
-    if str(args.nnodes) != "1":
+    several = node_count(args) > 1
+    node = f"node {args.node_rank} of {node_count(args)}" if several else "this node"
+    if several:
         print(f"{node}: meeting the other nodes at {args.rdzv_endpoint} (torchrun waits "
               f"{rendezvous_timeout(args)} s for them)", flush=True)
     try:
@@ -73,7 +78,7 @@ def launch(torchrun, args, errors):
         print(f"error: {node} at {args.rdzv_endpoint}: {what}; start train.sh on every node with the same "
               f"--nnodes, --master-addr, --master-port and --rdzv-id", file=sys.stderr, flush=True)
         return EXIT_FAILURE
-    if str(args.nnodes) != "1":
+    if several:
         print(f"{node}: the job ended", flush=True)
     return 0
 
@@ -90,17 +95,23 @@ def outcomes(errors):
 
 def signalled(name, ended, args):
     """After a signal torchrun passed on: exit 0 when every worker of this node ended cleanly
-    (a run stopped by a signal saves first), else the workers' lines and 1."""
+    (a run stopped by a signal saves first); else the first worker's line and its code (128+N
+    for a signal with nothing to save, during start-up), or 1 when workers ended without a word."""
     local = int(args.nproc_per_node)
     if len(ended) == local and not any(code for code, _ in ended.values()):
         print(f"{name}: every worker on this node stopped cleanly; the run's last line above says what "
               f"was saved", file=sys.stderr, flush=True)
         return 0
-    lines = [line for code, line in ended.values() if code] or [
-        f"error: {name}: {local - len(ended)} worker(s) on this node ended before they could save"]
-    for line in dict.fromkeys(lines):
-        print(line, file=sys.stderr, flush=True)
-    return EXIT_FAILURE
+    failed = [(code, line) for code, line in ended.values() if code]
+    code, line = failed[0] if failed else (
+        EXIT_FAILURE, f"error: {name}: {local - len(ended)} worker(s) on this node ended before they could save")
+    print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def node_count(args):
+    """torchrun's --nnodes: N, or MIN:MAX (--standalone makes it 1:1)."""
+    return int(str(args.nnodes).split(":")[-1])
 
 
 def rendezvous_timeout(args):

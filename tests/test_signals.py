@@ -182,3 +182,33 @@ def test_a_signal_during_start_up_is_one_line(tmp_path, digits, sig):
     assert stderr.splitlines() == [f"{sig.name}: stopped, nothing saved now (checkpoints written before "
                                    f"stay valid)"], stderr[-3000:]
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def workers(root):
+    """The torchrun workers under ``root`` (their environment has LOCAL_RANK)."""
+    found = []
+    for pid in process_tree(root):
+        try:
+            if b"LOCAL_RANK=" in open(f"/proc/{pid}/environ", "rb").read():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_ctrl_c_during_start_up_under_torchrun_is_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the group) while two workers load: one line from the launcher, exit 130;
+    torchrun's own log lines aside, nothing else on stderr."""
+    proc = subprocess.Popen(["bash", "train.sh", *TWO_RANKS, "--output", str(tmp_path / "run")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(workers(proc.pid)) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    ours = [line for line in stderr.splitlines() if not re.match(r"[WIE]\d{4} |\*+$", line)]
+    assert proc.returncode == 130, stderr[-3000:]
+    assert ours == ["SIGINT: stopped, nothing saved now (checkpoints written before stay valid)"], stderr[-3000:]
+    assert "Epoch:" not in stdout
