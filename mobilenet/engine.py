@@ -360,9 +360,17 @@ def unreadable_files(r):
     return int(all_reduce_max(flags.to(r.device, torch.int32)).sum().item())
 
 
+class Interval(NamedTuple):
+    """One log interval, measured: what the progress line and the records report."""
+    img_per_s: float   # this interval's own rate
+    data_wait: float   # share of the interval spent waiting for data
+    step_time: float   # steady seconds per step (the rates and ETAs of the progress line)
+    elapsed: float     # seconds since the run started
+
+
 class EpochMeter:
     """Where one epoch's time goes: host seconds waiting for data, the interval's loss (summed on
-    the device), and the rates and ETAs of the progress line."""
+    the device) and its timing (``end_interval``). It measures; ``log_interval`` reports."""
 
     def __init__(self, r, run_start, sync_wait):
         self.r, self.run_start, self.sync_wait = r, run_start, sync_wait
@@ -400,34 +408,25 @@ class EpochMeter:
         """The mean loss of the interval that ends now, over all processes (reads the device)."""
         return all_reduce_sum(self.loss_sum).item() / self.interval_steps / self.r.world.size
 
-    def log(self, loss):
-        """The progress line, metrics.jsonl and TensorBoard for the interval that ends now."""
+    def end_interval(self):
+        """The log interval that ends now, measured (reads the device clock): its own img/s and data
+        wait, and the steady seconds per step (the first interval, warm-up included, is its own rate
+        once; later ones count from its end)."""
         r = self.r
-        batch = r.cfg["derived"]["global_batch"]
         synchronize(r.device)
         now = time.perf_counter()
         seconds = now - self.interval_start
-        if self.steady is None:  # the first interval, warm-up included, is its own rate once
+        if self.steady is None:
             self.steady = (now, r.state.step)
-            steady_time, steady_steps = seconds, self.interval_steps
+            step_time = seconds / self.interval_steps
         else:
-            steady_time, steady_steps = now - self.steady[0], r.state.step - self.steady[1]
-        step_time = steady_time / steady_steps
-        epoch_end = min((r.state.epoch + 1) * r.steps, total_steps(r))
-        after_epoch = total_steps(r) - epoch_end  # steps of the epochs after this one
-        eta_epoch = (epoch_end - steps_done(r)) * step_time + r.val_seconds
-        eta_run = eta_epoch + after_epoch * step_time + math.ceil(after_epoch / r.steps) * r.val_seconds
-        lr = float(r.state.train_step.optimizer.param_groups[0]["lr"])  # a tensor under train.compile
-        extras = {k: float(v) for k, v in r.state.train_step.metrics().items()}
-        img_per_s, data_wait = batch * self.interval_steps / seconds, self.interval_wait_s / seconds
-        hint_data_wait(r, data_wait)
-        r.log.info(progress_line(epoch=r.state.epoch, step=r.state.step, steps=r.steps, eta_epoch=eta_epoch,
-                                 eta_run=eta_run, img_per_s=batch / step_time, data_wait=data_wait,
-                                 loss=loss, lr=lr, elapsed=now - self.run_start, extras=extras))
-        r.log.record("train", steps_done(r), epoch=r.state.epoch, loss=loss, lr=lr,
-                     img_per_s=img_per_s, data_wait=data_wait, **extras)
+            step_time = (now - self.steady[0]) / (r.state.step - self.steady[1])
+        interval = Interval(img_per_s=r.cfg["derived"]["global_batch"] * self.interval_steps / seconds,
+                            data_wait=self.interval_wait_s / seconds, step_time=step_time,
+                            elapsed=now - self.run_start)
         self.loss_sum.zero_()
         self.interval_start, self.interval_steps, self.interval_wait_s = now, 0, 0.0
+        return interval
 
     def leave_out_compile_step(self, last):
         """After a step that compiled: the clocks start again; after the ``last``, the time all
@@ -446,6 +445,24 @@ class EpochMeter:
         self.seconds = time.perf_counter() - self.start
         return {"images": (self.r.state.step - self.first) * self.r.cfg["derived"]["global_batch"],
                 "seconds": self.seconds, "data_wait_s": self.wait_s}
+
+
+def log_interval(r, loss, interval):
+    """The progress line, metrics.jsonl and TensorBoard for the interval that ended."""
+    epoch_end = min((r.state.epoch + 1) * r.steps, total_steps(r))
+    after_epoch = total_steps(r) - epoch_end  # steps of the epochs after this one
+    eta_epoch = (epoch_end - steps_done(r)) * interval.step_time + r.val_seconds
+    eta_run = (eta_epoch + after_epoch * interval.step_time
+               + math.ceil(after_epoch / r.steps) * r.val_seconds)
+    lr = float(r.state.train_step.optimizer.param_groups[0]["lr"])  # a tensor under train.compile
+    extras = {k: float(v) for k, v in r.state.train_step.metrics().items()}
+    hint_data_wait(r, interval.data_wait)
+    r.log.info(progress_line(epoch=r.state.epoch, step=r.state.step, steps=r.steps, eta_epoch=eta_epoch,
+                             eta_run=eta_run, img_per_s=r.cfg["derived"]["global_batch"] / interval.step_time,
+                             data_wait=interval.data_wait, loss=loss, lr=lr, elapsed=interval.elapsed,
+                             extras=extras))
+    r.log.record("train", steps_done(r), epoch=r.state.epoch, loss=loss, lr=lr,
+                 img_per_s=interval.img_per_s, data_wait=interval.data_wait, **extras)
 
 
 def hint_data_wait(r, data_wait):
@@ -477,7 +494,7 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
             if r.state.step % cfg["log_every"] == 0 or r.state.step == r.steps or finished(r):
                 loss_mean = meter.interval_loss()
                 check_finite(r, loss_mean)
-                meter.log(loss_mean)
+                log_interval(r, loss_mean, meter.end_interval())
         after_step()
         prof.step()
         if finished(r) or stop.should_stop():  # the same on every rank, so the reduction stays paired
