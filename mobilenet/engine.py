@@ -44,7 +44,8 @@ class Run:
     val_seconds: float = 0.0   # the last validation's duration (for the ETA)
     slow_data_intervals: int = 0  # consecutive log intervals spent mostly waiting for data
     compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
-    resumed: bool = False      # from a training checkpoint (its later records are dropped)
+    resumed: bool = False      # from a training checkpoint, or by --resume auto from none: the
+                               # records of later steps are dropped (they are trained again)
 
 
 DATA_WAIT_HINT = (0.3, 3)  # a share of the step and a number of consecutive log intervals
@@ -550,7 +551,8 @@ def restore(r, resume, fallback=None, evaluate_only=False):
     ``fallback``). Rank 0 reads it and sends it to the others: every rank continues from the same
     state, and nodes without a shared file system need no copy of the run directory."""
     path, state = from_rank0(lambda: choose_checkpoint(r, resume, fallback, evaluate_only))
-    if state is None:
+    if state is None:  # a restart before the first save, say: the first round's records go
+        r.resumed = True
         return
     r.resumed = r.state.load_state_dict(state, path)
     r.log.info(f"resumed from {path} (epoch {r.state.epoch}, step {r.state.step})")

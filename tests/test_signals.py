@@ -4,6 +4,7 @@ ends bit-identical to an uninterrupted one."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,6 +128,19 @@ def test_steps_replayed_after_a_kill_are_recorded_once(tmp_path, digits, straigh
         accumulator.Reload()
         events.append([event.step for event in accumulator.Scalars("train/loss")])
     assert events[1] == events[0]
+
+
+def test_resume_auto_without_a_checkpoint_drops_the_records_it_trains_again(tmp_path, digits):
+    """A restart before the first save (no checkpoint yet) starts at step 0: the records of the
+    round that died go, so every step is recorded once."""
+    out = tmp_path / "run"
+    assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--epochs", "1"]) == 0
+    shutil.rmtree(out / "checkpoints")  # as if it died before its first save
+    (out / "summary.json").unlink()
+    assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--epochs", "1", "--resume", "auto"]) == 0
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps == sorted(set(steps)) and steps
 
 
 def test_sighup_stays_ignored_under_nohup(tmp_path, digits):
