@@ -62,7 +62,7 @@ def launch(torchrun, args, errors):
     except ChildFailedError as e:
         print(e, file=sys.stderr)
         failed = [(code, line) for code, line in outcomes(errors).values() if code]
-        if failed:  # the first to fail is the cause; the others failed because it left
+        if failed:  # the likely cause; the others failed because it left
             code, line = failed[0]
         else:
             rank, failure = e.get_first_failure()
@@ -84,10 +84,16 @@ def launch(torchrun, args, errors):
 
 
 def outcomes(errors):
-    """{rank: (exit code, line)} of the workers that ended through train.py, in the order they
-    ended."""
+    """{rank: (exit code, line)} of the workers that ended through train.py, the likely cause
+    first: a usage error, then a training failure, then an unexpected error (a peer's death shows
+    as one in the others), each kind in the order the files were written (coarse clock: rank
+    breaks ties)."""
+    def cause_first(path):
+        code, _, line = path.read_text().partition("\n")
+        kind = 0 if code == "2" else 2 if "error: unexpected" in line else 1
+        return kind, path.stat().st_mtime_ns, path.name
     found = {}
-    for path in sorted(errors.glob("rank*"), key=lambda path: path.stat().st_mtime_ns):
+    for path in sorted(errors.glob("rank*"), key=cause_first):
         code, _, line = path.read_text().partition("\n")
         found[int(path.name.removeprefix("rank"))] = (int(code), line.strip())
     return found
