@@ -88,15 +88,13 @@ def outcomes(errors):
     first: a usage error, then a training failure, then an unexpected error (a peer's death shows
     as one in the others), each kind in the order the files were written (coarse clock: rank
     breaks ties)."""
-    def cause_first(path):
+    entries = []
+    for path in errors.glob("rank*"):
         code, _, line = path.read_text().partition("\n")
         kind = 0 if code == "2" else 2 if "error: unexpected" in line else 1
-        return kind, path.stat().st_mtime_ns, path.name
-    found = {}
-    for path in sorted(errors.glob("rank*"), key=cause_first):
-        code, _, line = path.read_text().partition("\n")
-        found[int(path.name.removeprefix("rank"))] = (int(code), line.strip())
-    return found
+        entries.append(((kind, path.stat().st_mtime_ns, path.name), int(path.name.removeprefix("rank")),
+                        int(code), line.strip()))
+    return {rank: (code, line) for _, rank, code, line in sorted(entries)}
 
 
 def signalled(name, ended, args):
