@@ -29,12 +29,18 @@ def straight_demo(digits, tmp_path_factory):
     return out
 
 
+def start_demo(digits, out, *extra):
+    """python train.py on the demo in a session of its own (as a terminal's job: Ctrl-C reaches
+    the group); text pipes."""
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits),
+                             "--output", str(out), *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
 @pytest.mark.parametrize("delivery", ["process", "process group"])
 def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, digits, straight_demo, delivery):
     out = tmp_path / "interrupted"
-    args = [sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits), "--output", str(out)]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = start_demo(digits, out)
     for line in proc.stdout:
         if line.startswith("Epoch: [0][10/"):
             assert len(process_tree(proc.pid)) == 3  # the run and its 2 train loader workers
@@ -89,9 +95,7 @@ def test_sigterm_to_torchrun_or_every_process_stops_all_ranks_together(tmp_path,
 def test_sighup_with_the_terminal_gone_saves_and_resumes_bit_identical(tmp_path, digits, straight_demo):
     """A closed terminal: SIGHUP to the foreground group, and every later print fails."""
     out = tmp_path / "hangup"
-    args = [sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits), "--output", str(out)]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = start_demo(digits, out)
     for line in proc.stdout:
         if line.startswith("Epoch: [0][10/"):
             break
@@ -110,9 +114,7 @@ def test_steps_replayed_after_a_kill_are_recorded_once(tmp_path, digits, straigh
     """kill -9 in epoch 1: the resume replays epoch 1 from its start; metrics.jsonl and TensorBoard
     keep one record per step, as an uninterrupted run has them."""
     out = tmp_path / "killed"
-    args = [sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits), "--output", str(out)]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = start_demo(digits, out)
     for line in proc.stdout:
         if line.startswith("Epoch: [1][10/"):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -159,19 +161,11 @@ def test_sighup_stays_ignored_under_nohup(tmp_path, digits):
     assert "stopped" not in rest and json.loads((out / "summary.json").read_text())["epochs"] == 2
 
 
-def start_demo(digits, out, *extra):
-    """python train.py on the demo in a session of its own (as a terminal's job: Ctrl-C reaches
-    the group); text pipes."""
-    return subprocess.Popen([sys.executable, "train.py", *DEMO, "--data", str(digits), "--output", str(out),
-                             "train.log_every=1", *extra], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
 @pytest.mark.parametrize("sig, gap", [(signal.SIGTERM, 0.05), (signal.SIGINT, 0.05), (signal.SIGTERM, 0.3)])
 def test_two_signals_in_a_row_save_once_and_exit_zero(tmp_path, digits, sig, gap):
     """A second signal while the run stops and saves (or while the process ends) is ignored:
     the save completes, exit code 0, the stop line once, nothing on stderr."""
-    proc = start_demo(digits, tmp_path / "run", "data.batch_size=8")
+    proc = start_demo(digits, tmp_path / "run", "data.batch_size=8", "train.log_every=1")
     for line in proc.stdout:
         if line.startswith("Epoch: [0][10/"):
             os.killpg(proc.pid, sig)
@@ -188,7 +182,7 @@ def test_two_signals_in_a_row_save_once_and_exit_zero(tmp_path, digits, sig, gap
 def test_a_signal_during_start_up_is_one_line(tmp_path, digits, sig):
     """Ctrl-C (or a TERM) while torch loads or the run is built: one line, exit 128 + the signal's
     number, nothing written."""
-    proc = start_demo(digits, tmp_path / "run")
+    proc = start_demo(digits, tmp_path / "run", "train.log_every=1")
     time.sleep(0.6)  # python is up, torch and the run are still loading (2 s and more here)
     os.killpg(proc.pid, sig)
     stdout, stderr = proc.communicate(timeout=120)
