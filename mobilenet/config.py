@@ -31,7 +31,8 @@ DEFAULTS = {
         "path": None,              # ImageFolder root with train/ and val/, 'synthetic' or 'digits'
         "batch_size": 256,         # per process
         "val_batch_size": 256,
-        "workers": 8,
+        "workers": "auto",         # loader processes per training process; auto: from the cores this
+                                   # process may use, shared by the node's processes (derived.workers)
         "hflip": True,
         "min_scale": 0.08,         # RandomResizedCrop lower area bound
         "val_resize_ratio": 0.875, # val: resize to resolution/ratio, centre-crop resolution (at
@@ -85,8 +86,9 @@ DEFAULTS = {
                                    # so a crash without a signal loses at most this much work
         "measure_breakdown": False,  # time data waits and optimizer steps (syncs the device)
         "profile": False,          # torch.profiler trace of steps 2-6 in <output>/profile
-        "compile": False,          # torch.compile the model's forward and backward (inductor with
-                                   # CUDA graphs on cuda, inductor on cpu, torchair on npu)
+        "compile": "auto",         # torch.compile the model and the optimizer step (inductor with
+                                   # CUDA graphs on cuda, inductor on cpu, torchair on npu); auto: on
+                                   # for cuda when compiling is a small share of the run (derived)
         "freeze_bn": False,        # BatchNorm uses running statistics while training (fine-tuning
                                    # with small per-card batches; makes results batch-split invariant)
     },
@@ -104,7 +106,8 @@ CHOICES = {
 FLAGS = {"optim.impl": "--optimizer", "data.path": "--data", "device": "--device", "amp.level": "--amp",
          "train.epochs": "--epochs", "output": "--output", "train.profile": "--profile",
          "train.compile": "--compile"}
-AUTO_OR_BOOL = {"model.channels_last", "optim.foreach"}
+AUTO_OR_BOOL = {"model.channels_last", "optim.foreach", "train.compile"}
+AUTO_OR_INT = {"data.workers"}
 # The interval every number must lie in (each element of a list), as the message shows it.
 RANGES = {
     "seed": "[0, 4294967295]",  # torch and numpy seed generators take 32 bits at least
@@ -218,6 +221,9 @@ def coerce(dotted, default, value, origin):
     elif dotted in AUTO_OR_BOOL:
         if value not in ("auto", True, False):
             raise bad("auto, true or false")
+    elif dotted in AUTO_OR_INT:
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise bad("auto or an integer")
     elif dotted == "amp.loss_scale":
         value = to_number(value) if value != "dynamic" else value
         if value != "dynamic" and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -229,7 +235,7 @@ def coerce(dotted, default, value, origin):
         raise bad("one of " + "|".join(sorted(CHOICES[dotted])))
     if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])):
         raise bad("a finite number")
-    interval = RANGES.get(dotted)
+    interval = RANGES.get(dotted) if value != "auto" else None
     if interval and not all(in_range(v, interval) for v in (value if isinstance(value, list) else [value])):
         raise bad(describe_range(interval))
     return value
@@ -300,12 +306,14 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
 
     derived: device (npu|cuda|cpu), world_size, global_batch, lr (optim.lr, scaled to the global
     batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the implementation that runs:
-    loop|foreach|fused|npu_fused), amp_backend (none|native|apex). ``output`` defaults to
+    loop|foreach|torch_fused|npu_fused), amp_backend (none|native|apex), workers (data.workers,
+    auto resolved), compile (torch.compile's backend and mode, or None) and compile_why. ``output`` defaults to
     runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
     what the flags of other scripts' dialects became (mobilenet.cli), kept for the log.
     """
     from mobilenet.amp import choose_backend
-    from mobilenet.device import choose_device, compile_backend
+    from mobilenet.data.datasets import auto_workers
+    from mobilenet.device import choose_compile, choose_device
     from mobilenet.distributed import world_from_env
     from mobilenet.optim import choose_implementation
 
@@ -323,14 +331,43 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
                                            foreach=optim["foreach"]),
         "amp_backend": choose_backend(amp["level"], amp["backend"]),
         "command_line": list(command_line),
-        # torch.compile's backend and mode for the device, or None: eager
-        "compile": compile_backend(device) if cfg["train"]["compile"] else None,
+        "workers": auto_workers(data["path"], world.local_size) if data["workers"] == "auto" else data["workers"],
     }
+    # torch.compile's backend and mode for the device, or None: eager; and why
+    derived["compile"], derived["compile_why"] = choose_compile(
+        cfg["train"]["compile"], device, eager_seconds=estimated_eager_seconds(cfg, device, global_batch),
+        eager_only=eager_only(cfg, derived))
     check_combinations(cfg, derived)
     resolved = copy.deepcopy(cfg)
     resolved["output"] = cfg["output"] or f"runs/{name}-{optim['impl']}"
     resolved["derived"] = derived
     return freeze(resolved)
+
+
+def estimated_eager_seconds(cfg, device, global_batch):
+    """The run's eager training time on cuda, estimated from its steps (for train.compile auto)."""
+    from mobilenet.data.datasets import count_train_images
+    from mobilenet.device import eager_seconds_estimate
+    data, train, model = cfg["data"], cfg["train"], cfg["model"]
+    if cfg["train"]["compile"] != "auto" or device != "cuda":
+        return 0.0
+    images = count_train_images(data, limit=2_000_000)
+    steps_per_epoch = images // global_batch
+    if train["max_steps_per_epoch"]:
+        steps_per_epoch = min(steps_per_epoch, train["max_steps_per_epoch"])
+    steps = train["epochs"] * steps_per_epoch
+    if train["max_steps"]:
+        steps = min(steps, train["max_steps"])
+    return eager_seconds_estimate(steps, data["batch_size"], model["width_mult"], model["resolution"])
+
+
+def eager_only(cfg, derived):
+    """What needs the eager step, or None (train.compile auto stays off; true is refused)."""
+    if derived["amp_backend"] == "apex":
+        return "apex amp patches the model and optimizer as it runs, which torch.compile cannot trace"
+    if cfg["train"]["measure_breakdown"]:
+        return "train.measure_breakdown times and counts the step's phases eagerly"
+    return None
 
 
 def check_combinations(cfg, derived):
@@ -351,12 +388,9 @@ def check_combinations(cfg, derived):
     if cfg["schedule"]["min_lr"] > derived["lr"]:
         raise UsageError(f"schedule.min_lr={cfg['schedule']['min_lr']:g} is above the learning rate "
                          f"{derived['lr']:g}; it is the floor the cosine schedule decays to")
-    if cfg["train"]["compile"] and derived["amp_backend"] == "apex":
-        raise UsageError("train.compile: apex amp patches the model and optimizer as it runs, which "
-                         "torch.compile cannot trace; use amp.backend=native or leave compile off")
-    if cfg["train"]["compile"] and cfg["train"]["measure_breakdown"]:
-        raise UsageError("train.measure_breakdown times and counts the step's phases eagerly; leave "
-                         "train.compile off to measure them")
+    if cfg["train"]["compile"] is True and eager_only(cfg, derived):
+        raise UsageError(f"train.compile=true: {eager_only(cfg, derived)}; leave train.compile at auto "
+                         f"or off")
     if cfg["optim"]["impl"] == "fused" and cfg["optim"]["foreach"] != "auto":
         raise UsageError("optim.foreach chooses between the loop and foreach of optim.impl=standard; "
                          "leave it at auto with optim.impl=fused")

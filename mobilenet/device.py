@@ -51,6 +51,44 @@ def compile_backend(device_type):
     return {"backend": "inductor", "mode": None}
 
 
+# train.compile auto on cuda, from one H200 (2026-12-04, torch 2.11, scripts/bench_device.sh):
+# seconds the first steps took to compile (model and optimizer step), and the eager step's time:
+# the host's launch floor, or the images at width 1.0 / 224 px at the eager rate, scaled by work.
+COMPILE_SECONDS = 60.0
+EAGER_HOST_STEP_S = 0.010
+EAGER_IMG_PER_S = 12000.0
+COMPILE_MAX_SHARE = 0.05  # compiling is worth it when it is at most this share of the run
+
+
+def eager_seconds_estimate(steps, batch, width_mult, resolution):
+    """A cuda run's eager training time, estimated: per step, the host floor or the work."""
+    work = batch * width_mult ** 2 * (resolution / 224) ** 2 / EAGER_IMG_PER_S
+    return steps * max(EAGER_HOST_STEP_S, work)
+
+
+def choose_compile(setting, device_type, *, eager_seconds, eager_only=None):
+    """(torch.compile's {backend, mode} or None, why) for train.compile ``setting`` (auto, true,
+    false). auto: on for cuda when compiling is at most COMPILE_MAX_SHARE of the run
+    (``eager_seconds``: its estimated eager time); off on cpu (measured slower), on npu (torchair
+    has not run here) and where ``eager_only`` names what needs the eager step."""
+    if setting is not True and setting != "auto":
+        return None, "off (train.compile=false)"
+    if setting is True:
+        return compile_backend(device_type), "on (train.compile=true)"
+    if eager_only:
+        return None, f"off (auto: {eager_only})"
+    if device_type == "cpu":
+        return None, "off (auto: on cpu the compiled step measured 0.77x eager at width 1.0 / 224)"
+    if device_type == "npu":
+        return None, "off (auto: torchair, the npu backend, has not run on an Ascend card here)"
+    share = COMPILE_SECONDS / (COMPILE_SECONDS + eager_seconds)
+    why = (f"compiling (~{COMPILE_SECONDS:.0f} s) is ~{share:.0%} of this run (~{eager_seconds:.0f} s "
+           f"eager, estimated)")
+    if share > COMPILE_MAX_SHARE:
+        return None, f"off (auto: {why})"
+    return compile_backend(device_type), f"on (auto: {why})"
+
+
 def compiled(module, backend, mode):
     """``module`` under torch.compile with the resolved backend (torchair's built here, on npu)."""
     if backend == "torchair":  # unrun here: no Ascend device
@@ -65,6 +103,8 @@ def open_device(device_type, local_rank=0):
         return torch.device("cpu")
     if device_type == "npu":
         import_torch_npu().npu.set_compile_mode(jit_compile=False)
+    if device_type == "cuda":  # fixed shapes: cuDNN times each convolution's algorithms once, keeps
+        torch.backends.cudnn.benchmark = True  # the fastest (as torchvision's references do)
     device_module(device_type).set_device(local_rank)
     return torch.device(device_type, local_rank)
 

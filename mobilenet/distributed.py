@@ -17,6 +17,7 @@ class World:
     local_rank: int = 0
     size: int = 1
     restart: int = 0  # torchrun's restart count (--max-restarts): > 0 after a failure restarted the job
+    local_size: int = 1  # processes of the job on this node
 
     @property
     def is_main(self):
@@ -27,7 +28,7 @@ def world_from_env():
     """Rank, local rank and world size that torchrun sets (a plain launch is a world of one)."""
     env = os.environ
     return World(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)),
-                 int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+                 int(env.get("TORCHELASTIC_RESTART_COUNT", 0)), int(env.get("LOCAL_WORLD_SIZE", 1)))
 
 
 def init_process_group(world, device):

@@ -23,7 +23,7 @@ from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any
                                    from_rank0, host_group, init_process_group, world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError
 from mobilenet.logging import RunLogger, accuracy_line, progress_line
-from mobilenet.measure import OtherLoad, StepBreakdown, profiler
+from mobilenet.measure import OtherLoad, StepBreakdown, named_phase, profiler
 from mobilenet.optim import describe_optimizer
 from mobilenet.training import TrainingState, is_training_checkpoint
 
@@ -167,7 +167,8 @@ def build_run(cfg, world, device):
     train_set, val_set = build_datasets(data, cfg["model"])
     worker_signals = WorkerSignals()
     train_loader, val_loader = build_loaders(train_set, val_set, data, cfg["seed"], world.rank,
-                                             world.size, device.type != "cpu", worker_signals)
+                                             world.size, device.type != "cpu", worker_signals,
+                                             workers=derived["workers"])
     limit = cfg["train"]["max_steps_per_epoch"]
     steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
     state = TrainingState(cfg, device, steps)
@@ -179,6 +180,8 @@ def build_run(cfg, world, device):
     log.info(f"data {data['path']}: {len(train_set)} train / {len(val_set)} val images, batch "
              f"{data['batch_size']} per process x {world.size} = {derived['global_batch']} global, "
              f"{steps} steps/epoch, lr {derived['lr']:g}{scaled}")
+    auto = " (auto: from the usable cores)" if data["workers"] == "auto" else ""
+    log.info(f"data.workers {derived['workers']}{auto}; train.compile {derived['compile_why']}")
     for note in derived["command_line"]:
         log.info(f"command line: {note}")
     hint = bf16_hint(cfg, cpu_bf16_features())
@@ -188,6 +191,8 @@ def build_run(cfg, world, device):
     if cfg["train"]["measure_breakdown"]:
         breakdown = StepBreakdown(device)
         state.train_step.phase = breakdown.phase
+    elif cfg["train"]["profile"]:  # the phases as ranges in the trace
+        state.train_step.phase = named_phase
     return Run(cfg, world, device, state, train_loader, val_loader, log, steps,
                worker_signals, breakdown, compile_steps=COMPILE_STEPS if derived["compile"] else 0)
 
@@ -393,7 +398,8 @@ class EpochMeter:
             if self.sync_wait:
                 synchronize(r.device)
             start = time.perf_counter()
-            batch = next(iterator, None)
+            with r.state.train_step.phase("data"):
+                batch = next(iterator, None)
             waited = time.perf_counter() - start
             self.wait_s += waited
             self.interval_wait_s += waited
@@ -471,7 +477,7 @@ def hint_data_wait(r, data_wait):
     share, intervals = DATA_WAIT_HINT
     r.slow_data_intervals = r.slow_data_intervals + 1 if data_wait >= share else 0
     if r.slow_data_intervals == intervals:
-        workers = r.cfg["data"]["workers"]
+        workers = r.cfg["derived"]["workers"]
         r.log.info(f"hint: data wait {data_wait:.0%} of the step for {intervals} log intervals: raise "
                    f"data.workers (now {workers}), keep a small dataset in memory (data.cache_mb) or use "
                    f"faster storage")

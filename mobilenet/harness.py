@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from mobilenet.config import build_config, resolve
-from mobilenet.engine import run
+from mobilenet.engine import COMPILE_STEPS, run
+from mobilenet.errors import UsageError
 from mobilenet.measure import PHASES, OpCounter, OtherLoad, PhaseOps, count_ops
 from mobilenet.step import no_phase
 from mobilenet.training import TrainingState
@@ -107,17 +108,37 @@ def interleave(variants, rounds=5, max_other=0.25):
 
 
 def training_img_per_s(config, overrides, steps=12, log_every=4):
-    """img/s of the app's own loop (engine.run, in this process) over a short run of ``config`` with
-    ``overrides``: ``steps`` steps of one epoch, from its progress intervals after the first (the
-    warm-up); writes nothing that stays."""
+    """img/s of the app's own loop (engine.run, in this process, no device syncs but the log
+    intervals' own) over ``steps`` steps of one epoch of ``config`` with ``overrides``: the harmonic
+    mean of its progress intervals after the first (which holds the warm-up; under train.compile
+    the compiling steps are left out before it, as in any run). Synthetic data is sized to hold the
+    steps; an epoch of other data that holds fewer is refused in one line (a UsageError), so no
+    figure is a warm-up rate (``interval_note`` says which intervals). Writes nothing that stays."""
+    if steps % log_every or steps < 2 * log_every:
+        raise UsageError(f"benchmark: {steps} steps in log intervals of {log_every}: give a multiple of "
+                         f"{log_every}, at least {2 * log_every} (the first interval is the warm-up)")
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
-        cfg = build_config(config, [*overrides, "train.epochs=1", f"train.max_steps_per_epoch={steps}",
-                                    f"train.log_every={log_every}"], settings={"output": out})
+        cfg = build_config(config, [*overrides, "train.epochs=1", f"train.log_every={log_every}"],
+                           settings={"output": out})
+        compile_steps = COMPILE_STEPS if resolve(cfg)["derived"]["compile"] else 0
+        cfg["train"]["max_steps_per_epoch"] = steps + compile_steps
+        if cfg["data"]["path"] == "synthetic":
+            cfg["data"]["synthetic_size"] = (steps + compile_steps) * cfg["data"]["batch_size"]
         run(resolve(cfg))
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     rates = [r["img_per_s"] for r in records if r["kind"] == "train"]
-    rates = rates[1:] or rates  # without the warm-up interval where there are others
+    if len(rates) < steps // log_every:
+        raise UsageError(f"benchmark: an epoch of --data {cfg['data']['path']} held "
+                         f"{len(rates) * log_every} of the {steps + compile_steps} steps this measurement "
+                         f"needs; use more images or fewer steps")
+    rates = rates[1:]  # the warm-up interval
     return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
+
+
+def interval_note(steps, log_every):
+    """Which intervals training_img_per_s measures, for a benchmark's header."""
+    return (f"the app's img/s: intervals 2-{steps // log_every} of {log_every} steps each (the first, "
+            f"warm-up, left out; under compile, the compiling steps before it too)")
 
 
 def synthetic_batch(cfg, batch=None, seed=0):

@@ -96,7 +96,7 @@ class StepBreakdown:
     def phase(self, name):
         if name == "forward":
             self.steps += 1
-        if self.steps == 3:
+        if self.steps == 3 and name in PHASES:  # not the loop's wait for data
             with self.ops.phase(name):
                 yield
         elif name not in OPTIMIZER_PHASES:
@@ -122,9 +122,12 @@ class StepBreakdown:
                 "step_ops_per_step": sum(self.ops.counts.values()) if counted else None}
 
 
+PROFILED_STEPS = 10
+
+
 def profiler(device, folder, enabled):
-    """torch.profiler (torch_npu.profiler on npu) over steps 2-6, TensorBoard traces in
-    ``folder``; call .step() after every training step. A no-op when not enabled."""
+    """torch.profiler (torch_npu.profiler on npu) over steps 3-12 (PROFILED_STEPS), a TensorBoard
+    trace in ``folder``; call .step() after every training step. A no-op when not enabled."""
     if not enabled:
         return contextlib.nullcontext(NoProfiler())
     module = import_torch_npu().profiler if device.type == "npu" else torch.profiler
@@ -132,8 +135,13 @@ def profiler(device, folder, enabled):
     if device.type in ("cuda", "npu"):
         activities.append(getattr(module.ProfilerActivity, device.type.upper()))
     return module.profile(activities=activities,
-                          schedule=module.schedule(wait=1, warmup=1, active=5, repeat=1),
+                          schedule=module.schedule(wait=1, warmup=1, active=PROFILED_STEPS, repeat=1),
                           on_trace_ready=module.tensorboard_trace_handler(str(folder)))
+
+
+def named_phase(name):
+    """A TrainStep phase hook that marks each phase as a range in a profiler trace."""
+    return torch.profiler.record_function(name)
 
 
 class NoProfiler:

@@ -8,7 +8,7 @@
   ema         the step with no EMA, the app's WeightEMA, torch's AveragedModel
   data        the input pipeline, one worker, against torchvision's
   pipeline    end-to-end training against the same step fed from memory
-  train-loop  the app's loop against a plain hand-written loop
+  ceiling     the app's loop against plain loops on its DataLoader and on a static batch
 
 `python scripts/bench.py NAME --help` lists a benchmark's options. Each runs its variants in one
 process in interleaved rounds (mobilenet.harness) and prints a markdown table; --json FILE writes
@@ -18,7 +18,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "scripts" / "benchmarks"
+sys.path.insert(0, str(ROOT))  # the checkout's package, also where it is not pip-installed
 
 
 def main(argv=None):
@@ -31,7 +33,12 @@ def main(argv=None):
     if name not in names:
         print(f"error: no benchmark '{name}'; one of {', '.join(names)}", file=sys.stderr)
         return 2
-    load(name).main(rest)
+    from mobilenet.errors import UsageError
+    try:
+        load(name).main(rest)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

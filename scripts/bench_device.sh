@@ -1,12 +1,62 @@
 #!/usr/bin/env bash
-# One short benchmark for a GPU or NPU machine (a few minutes): the optimizer step alone, then
-# standard vs fused training at batch 256 with amp on synthetic data (100 steps each).
-#   bash scripts/bench_device.sh [train.sh flags]     AMP=O1 to change the level (default O2)
-# Results: $BENCH_OUT (default runs/bench_device)/optimizer.json, report.json, report.png.
-set -euo pipefail
+# The prepared device check, for one GPU (at most ~5 minutes). Each part has a time limit, and the
+# check goes on past a part that fails; a table of the parts' exit codes closes the output.
+#   tests     pytest -m cuda: the suite's device paths
+#   ceiling   bench.py ceiling, eager: the app against plain loops at batch 64 and 256, O1 bfloat16
+#             and O2 float16 (fused; and the per-parameter loop at O2), plain graphed at 64
+#   trace     10 eager app steps under torch.profiler (b256, O2 float16, fused), read by
+#             scripts/trace_report.py: host and device time per phase, syncs, copies, casts
+#   compiled  bench.py ceiling, compiled (reduce-overhead) at batch 256, O1 bfloat16
+#   data      bench.py data: one worker's decode rate, and the feed rate of all usable cores
+#   compare   compare_optimizers.sh at b256 O2: loop, foreach, fused (throughput, then breakdown)
+#   demo      the README's command: bash train.sh --optimizer=fused
+#   bash scripts/bench_device.sh [PART ...]            (default: every part, in this order)
+# Results in $BENCH_OUT (default runs/bench_device): PART.log and PART.json, trace/ (the run, its
+# profile/ trace), compare/ (report.json, report.png), demo/.
+set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-out="${BENCH_OUT:-runs/bench_device}"
-mkdir -p "$out"
-"$PY" "$ROOT/scripts/bench.py" optimizer --json "$out/optimizer.json"
-COMPARE_OUT="$out" bash "$ROOT/scripts/compare_optimizers.sh" --data synthetic --amp "${AMP:-O2}" \
-  data.batch_size=256 data.synthetic_size=25600 data.workers=8 train.epochs=1 train.log_every=20 "$@"
+out="$(mkdir -p "${BENCH_OUT:-runs/bench_device}" && cd "${BENCH_OUT:-runs/bench_device}" && pwd)"
+cd "$ROOT"
+cores=$("$PY" -c "from mobilenet.data.datasets import usable_cores; print(usable_cores())")
+declare -A codes=()
+
+part() {  # part NAME SECONDS COMMAND...: runs it under a time limit into NAME.log, shows its end
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  echo "== $name (at most $limit s)"
+  timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
+  codes[$name]="exit $? in $((SECONDS - start)) s"
+  tail -n 12 "$out/$name.log"
+}
+
+run_part() {
+  case $1 in
+    tests) part tests 60 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests ;;
+    ceiling) part ceiling 120 "$PY" scripts/bench.py ceiling --steps 30 --rounds 2 --json "$out/ceiling.json" --cases \
+        eager/64/O1-bfloat16/torch_fused eager/256/O1-bfloat16/torch_fused \
+        eager/64/O2-float16/torch_fused eager/256/O2-float16/torch_fused \
+        eager/64/O2-float16/loop eager/256/O2-float16/loop graphed/64/O1-bfloat16/torch_fused ;;
+    trace) part trace 45 bash -c "bash train.sh --data synthetic --optimizer fused --amp O2 \
+        amp.loss_scale=1024 data.batch_size=256 data.synthetic_size=3584 train.log_every=7 train.profile=true \
+        --output '$out/trace' --start-over && '$PY' scripts/trace_report.py '$out/trace/profile' \
+        --json '$out/trace.json'" ;;
+    compiled) part compiled 120 "$PY" scripts/bench.py ceiling --steps 30 --rounds 2 --json "$out/compiled.json" \
+        --cases compiled/256/O1-bfloat16/torch_fused ;;
+    data) part data 40 "$PY" scripts/bench.py data --rounds 2 --images 512 --loader-workers "$cores" \
+        --json "$out/data.json" ;;
+    compare) part compare 75 env COMPARE_OUT="$out/compare" bash scripts/compare_optimizers.sh \
+        --data synthetic --amp O2 amp.loss_scale=1024 data.batch_size=256 data.synthetic_size=10240 \
+        train.log_every=20 --epochs 1 ;;
+    demo) part demo 45 bash train.sh --optimizer=fused --output "$out/demo" --start-over ;;
+    *) echo "error: no part '$1' (tests ceiling trace compiled data compare demo)" >&2; exit 2 ;;
+  esac
+}
+
+echo "$("$PY" -c "import torch; print('torch', torch.__version__)"); $cores usable cores; results in $out"
+for name in "${@:-tests ceiling trace compiled data compare demo}"; do
+  for each in $name; do run_part "$each"; done
+done
+echo "| part | result |"
+echo "|---|---|"
+for name in "${!codes[@]}"; do echo "| $name | ${codes[$name]} |"; done

@@ -1,15 +1,19 @@
 """Table, JSON and plot of an optimizer comparison: python scripts/compare_report.py DIR
 
-DIR holds the run directories loop/, foreach/ and fused/ (scripts/compare_optimizers.sh makes
-them). Ratios are to the loop, the seed article's baseline.
+DIR holds the run directories loop/, foreach/ and fused/, and each one's -breakdown/ run
+(scripts/compare_optimizers.sh makes them). Throughput, loss and accuracy come from the runs
+without device syncs; the step-time breakdown rows from the -breakdown runs, which sync the device
+around the optimizer's phases (their times are longer than the others'). Ratios are to the loop,
+the seed article's baseline.
 """
 import json
 import sys
 from pathlib import Path
 
-ROWS = [("img/s", "img_per_s", "{:.1f}"), ("step time (ms)", "step_ms", "{:.2f}"),
-        ("optimizer step (ms)", "optimizer_ms", "{:.3f}"),
-        ("optimizer share of step", "optimizer_share", "{:.1%}"),
+SYNCED = " (run with device syncs)"
+ROWS = [("img/s", "img_per_s", "{:.1f}"), ("step time (ms)" + SYNCED, "step_ms", "{:.2f}"),
+        ("optimizer step (ms)" + SYNCED, "optimizer_ms", "{:.3f}"),
+        ("optimizer share of step" + SYNCED, "optimizer_share", "{:.1%}"),
         ("ops per optimizer step", "optimizer_ops_per_step", "{}"),
         ("ops per training step (forward to EMA)", "step_ops_per_step", "{}"),
         ("data-wait share", "data_wait_share", "{:.1%}"),
@@ -18,8 +22,14 @@ ROWS = [("img/s", "img_per_s", "{:.1f}"), ("step time (ms)", "step_ms", "{:.2f}"
         ("val top-1", "top1", "{:.2f}"), ("peak memory (MiB)", "peak_memory_mb", "{:.0f}")]
 
 
+BREAKDOWN = ("step_ms", "optimizer_ms", "optimizer_share", "optimizer_ops_per_step", "step_ops_per_step")
+
+
 def load_run(folder):
+    """The run's summary (with the breakdown figures of its -breakdown run) and train records."""
     summary = json.loads((folder / "summary.json").read_text())
+    synced = json.loads((folder.parent / f"{folder.name}-breakdown" / "summary.json").read_text())
+    summary.update({key: synced.get(key) for key in BREAKDOWN})
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     summary["final_loss"] = train[-1]["loss"]

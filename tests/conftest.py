@@ -22,9 +22,20 @@ def run_train(*args, cwd=ROOT, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-# Settings that keep a digits run to a few seconds.
-TINY = ["model.width_mult=0.25", "model.resolution=32", "train.log_every=5",
+# Settings that keep a digits run to a few seconds, on the cpu also where a GPU is (the device
+# paths are tested by the tests marked cuda).
+TINY = ["device=cpu", "model.width_mult=0.25", "model.resolution=32", "train.log_every=5",
         "data.batch_size=32", "data.workers=0"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked cuda run only where torch sees a CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (scripts/bench_device.sh runs them)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 def train_sh(*args, timeout=300, env=None):

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, TINY
 from test_tools import script
 import train
@@ -35,8 +37,13 @@ def test_compare_optimizers_writes_table_json_and_plot(tmp_path, digits):
                             cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "COMPARE_OUT": str(out)})
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "| ops per optimizer step |" in result.stdout and "| optimizer share of step |" in result.stdout
+    assert "| ops per optimizer step |" in result.stdout
+    assert "| optimizer share of step (run with device syncs) |" in result.stdout
+    for run in ("loop", "foreach", "fused"):  # throughput from runs without syncs, the breakdown apart
+        plain, synced = (json.loads((out / name / "summary.json").read_text()) for name in (run, f"{run}-breakdown"))
+        assert "optimizer_ms" not in plain and synced["optimizer_ms"] > 0
     report = json.loads((out / "report.json").read_text())
+    assert report["loop"]["img_per_s"] == json.loads((out / "loop" / "summary.json").read_text())["img_per_s"]
     # the runs are named by what selects them: --optimizer fused runs torch's fused kernel here
     assert [report[run]["optimizer_implementation"] for run in ("loop", "foreach", "fused")] == \
         ["loop", "foreach", "torch_fused"]
@@ -51,11 +58,15 @@ def test_compare_optimizers_writes_table_json_and_plot(tmp_path, digits):
 def test_profile_writes_a_trace(tmp_path, digits):
     out = tmp_path / "run"
     assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out),
-                       *TINY, "train.max_steps_per_epoch=8", "--epochs", "1", "--profile"]) == 0
+                       *TINY, "train.max_steps_per_epoch=14", "--epochs", "1", "--profile"]) == 0
     traces = list((out / "profile").glob("*.pt.trace.json"))
     assert len(traces) == 1
     events = json.loads(traces[0].read_text())["traceEvents"]
-    assert any("ProfilerStep#" in e.get("name", "") for e in events)
+    assert sum(e.get("name", "").startswith("ProfilerStep#") for e in events) == 10
+    report = script("trace_report").main([str(out / "profile"), "--json", str(tmp_path / "trace.json")])
+    phases = report["phases"]  # the step's phases are ranges in the trace, the loop's wait for data too
+    assert report["steps"] == 10 and all(phases[p]["host_ms"] > 0 for p in ("data", "forward", "backward", "optimizer"))
+    assert report["host_waits_per_step"] == 0 and json.loads((tmp_path / "trace.json").read_text()) == report
 
 
 def test_bench_data_runs(tmp_path, capsys):
@@ -69,13 +80,33 @@ def test_bench_data_runs(tmp_path, capsys):
     assert "| this app |" in capsys.readouterr().out
 
 
-def test_bench_train_loop_runs(tmp_path, capsys):
-    out = tmp_path / "loop.json"
-    benchmark("train-loop").main(["--width", "0.25", "--resolution", "32", "--batch-size", "8",
-                                     "--steps", "5", "--workers", "0", "--rounds", "1", "--json", str(out)])
-    result = json.loads(out.read_text())
-    assert len(result["img_per_s"]) == 3 and all(rate > 0 for rate in result["img_per_s"].values())
-    assert result["ratio"]["plain loop"] == 1.0 and "| train.py |" in capsys.readouterr().out
+def test_ceiling_compares_the_app_with_plain_loops_on_the_same_loader(tmp_path, capsys):
+    """The suite's share of bench.py ceiling: its eager variants on the cpu at a tiny size."""
+    out = tmp_path / "ceiling.json"
+    rows = benchmark("ceiling").main(["--device", "cpu", "--cases", "eager/8/O1-bfloat16/torch_fused",
+                                      "eager/8/O2-float16/loop", "--steps", "6", "--log-every", "3",
+                                      "--rounds", "1", "--json", str(out), "model.width_mult=0.25",
+                                      "model.resolution=32", "model.num_classes=10"])
+    assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(rows)) and len(rows) == 2
+    for row in rows:
+        assert set(row["img_per_s"]) == {"app", "plain loader", "plain static"}
+        assert all(rate > 0 for rate in row["img_per_s"].values()) and 0 < row["app/plain static"][0] < 10
+    printed = capsys.readouterr().out
+    assert "| eager b8 O2 float16 loop |" in printed and "intervals 2-2 of 3 steps" in printed
+
+
+def test_no_benchmark_reports_a_warm_up_rate(digits):
+    from mobilenet.errors import UsageError
+    from mobilenet.harness import training_img_per_s
+    settings = [*TINY, f"data.path={digits}"]
+    with pytest.raises(UsageError, match="held .* of the 48 steps this measurement needs"):
+        training_img_per_s(ROOT / "configs" / "demo.yaml", [*settings, "data.batch_size=256"],
+                           steps=48, log_every=8)  # the digits hold 5 batches of 256
+    with pytest.raises(UsageError, match="the first interval is the warm-up"):
+        training_img_per_s(ROOT / "configs" / "demo.yaml", settings, steps=4, log_every=4)
+    for wrong in (["ceiling", "--cases", "eager/8/O9-float16/loop"], ["ceiling", "--cases", "graphed/8/O1-float16/loop"]):
+        result = subprocess.run([sys.executable, "scripts/bench.py", *wrong], cwd=ROOT, capture_output=True, text=True)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--cases" in result.stderr
 
 
 def test_op_budget_table_is_consistent(tmp_path, capsys):

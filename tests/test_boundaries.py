@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from mobilenet.config import CHOICES, DEFAULTS, RANGES, build_config, flatten, resolve
+from mobilenet.config import AUTO_OR_BOOL, AUTO_OR_INT, CHOICES, DEFAULTS, RANGES, build_config, flatten, resolve
 from mobilenet.engine import run
 from mobilenet.errors import UsageError
 
@@ -49,8 +49,10 @@ def values_of(key, default):
         return number_values(key, default) + ODD
     if key == "amp.loss_scale":
         return ["dynamic", 1, 65536, 0, -1, "static"] + ODD
-    if key in ("model.channels_last", "optim.foreach"):
+    if key in AUTO_OR_BOOL:
         return ["auto", "true", "false"] + ODD
+    if key in AUTO_OR_INT:
+        return ["auto"] + number_values(key, 0) + ODD
     return ODD + ["synthetic", "digits", "1", "no/such/file"]  # paths: data, output, pretrained
 
 
@@ -73,7 +75,7 @@ def try_setting(key, value, folder, digits):
         overrides.append(f"output={folder}")
     try:
         cfg = resolve(build_config(None, overrides))
-        if cfg["train"]["compile"]:  # compiling takes half a minute: test_compile.py trains it
+        if cfg["derived"]["compile"]:  # compiling takes half a minute: test_compile.py trains it
             return None
         run(cfg, start_over=True)
     except UsageError as e:

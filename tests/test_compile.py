@@ -96,8 +96,10 @@ def test_settings_that_cannot_compile_are_usage_errors(monkeypatch):
     standin.amp = types.ModuleType("apex.amp")
     monkeypatch.setitem(sys.modules, "apex", standin)
     monkeypatch.setitem(sys.modules, "apex.amp", standin.amp)
-    with pytest.raises(UsageError, match="train.compile: apex amp"):
+    with pytest.raises(UsageError, match="train.compile=true: apex amp"):
         resolve(build_config(None, ["train.compile=true", "amp.level=O1", "device=cpu"]))
+    auto = resolve(build_config(None, ["amp.level=O1", "device=cuda" if torch.cuda.is_available() else "device=cpu"]))
+    assert auto["derived"]["compile"] is None and "apex" in auto["derived"]["compile_why"]  # auto resolves
     with pytest.raises(UsageError, match="train.measure_breakdown"):
         resolve(build_config(None, ["train.compile=true", "train.measure_breakdown=true", "device=cpu"]))
     monkeypatch.setenv("PATH", "/nonexistent")

@@ -7,6 +7,7 @@ import pytest
 import torch
 import yaml
 
+import train
 from conftest import ROOT, TINY, run_train
 from mobilenet.config import DEFAULTS, build_config, resolve, thaw
 from mobilenet.distributed import World
@@ -78,7 +79,7 @@ def test_cli_rejects_class_count_mismatch(tmp_path, digits):
 
 def test_resolve_computes_derived_values_once_into_a_read_only_config():
     cfg = build_config(ROOT / "configs" / "imagenet.yaml", ["data.batch_size=64", "optim.foreach=true"],
-                       settings={"optim.impl": "standard", "data.path": "synthetic"})
+                       settings={"optim.impl": "standard", "data.path": "synthetic", "device": "cpu"})
     resolved = resolve(cfg, name="imagenet", world=World(size=4))
     derived = resolved["derived"]
     assert derived["global_batch"] == 256 and derived["lr"] == pytest.approx(0.1)  # 0.1 per 256
@@ -96,8 +97,13 @@ def test_resolve_computes_derived_values_once_into_a_read_only_config():
     ("standard", "auto", "loop"),      # what torch.optim.SGD(params, lr, ...) runs on cpu
     ("standard", True, "foreach"), ("standard", False, "loop"), ("fused", "auto", "torch_fused")])
 def test_standard_is_torchs_own_choice_unless_forced(impl, foreach, expected):
-    cfg = build_config(None, settings={"optim.impl": impl, "optim.foreach": foreach})
+    cfg = build_config(None, settings={"optim.impl": impl, "optim.foreach": foreach, "device": "cpu"})
     assert resolve(cfg)["derived"]["optimizer_implementation"] == expected
+
+
+def test_device_auto_is_the_accelerator_this_machine_has():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"  # torch_npu cannot import here
+    assert resolve(build_config(None))["derived"]["device"] == expected
 
 
 @pytest.mark.parametrize("settings,message", [
@@ -212,3 +218,60 @@ def test_yaml_errors_name_the_line_and_column(tmp_path):
     with pytest.raises(UsageError, match=r"broken.yaml: invalid YAML at line 4, column 1 \(") as error:
         build_config(path)
     assert "\n" not in str(error.value)
+
+
+NO_WORKERS = [setting for setting in TINY if not setting.startswith("data.workers")]
+
+
+def test_workers_auto_shares_the_usable_cores_among_the_node_processes(tmp_path, digits):
+    from mobilenet.data.datasets import auto_workers, usable_cores
+    assert [auto_workers("/imagenet", processes, cores=16) for processes in (1, 2, 8, 16, 32)] == [15, 7, 1, 0, 0]
+    assert auto_workers("synthetic", 1, cores=64) == 4  # random images are only collated
+    resolved = resolve(build_config(None, ["device=cpu", f"data.path={digits}"]))
+    assert resolved["data"]["workers"] == "auto" and resolved["derived"]["workers"] == max(0, usable_cores() - 1)
+    for given in (["data.workers=3"], ["-j", "3"], ["--workers", "3"]):  # an explicit value wins
+        out = tmp_path / given[0]
+        assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *given, *NO_WORKERS, "--epochs", "1",
+                           "train.max_steps=2"]) == 0
+        assert yaml.safe_load((out / "config.yaml").read_text())["derived"]["workers"] == 3
+    out = tmp_path / "auto"
+    assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *NO_WORKERS, "--epochs", "1", "train.max_steps=2"]) == 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["data"]["workers"] == "auto" and saved["derived"]["workers"] == max(0, usable_cores() - 1)
+
+
+def test_compile_auto_compiles_where_it_pays_and_says_why():
+    from mobilenet.device import COMPILE_MAX_SHARE, COMPILE_SECONDS, choose_compile
+    long_run = COMPILE_SECONDS / COMPILE_MAX_SHARE
+    assert choose_compile("auto", "cuda", eager_seconds=long_run)[0] == {"backend": "inductor", "mode": "reduce-overhead"}
+    assert choose_compile("auto", "cuda", eager_seconds=long_run / 2) == (None, choose_compile(
+        "auto", "cuda", eager_seconds=long_run / 2)[1]) and "off (auto: compiling" in choose_compile(
+        "auto", "cuda", eager_seconds=long_run / 2)[1]
+    assert choose_compile("auto", "cuda", eager_seconds=1e9, eager_only="apex")[0] is None
+    for device in ("cpu", "npu"):
+        assert choose_compile("auto", device, eager_seconds=1e9)[0] is None
+    assert choose_compile(True, "cpu", eager_seconds=0)[0] == {"backend": "inductor", "mode": None}
+    assert choose_compile(False, "cuda", eager_seconds=1e9)[0] is None
+    derived = resolve(build_config(None, ["device=cpu"]))["derived"]  # the default: auto
+    assert derived["compile"] is None and derived["compile_why"].startswith("off (auto: on cpu")
+    derived = resolve(build_config(None, ["device=cpu", "train.measure_breakdown=true"]))["derived"]
+    assert derived["compile"] is None
+    with pytest.raises(UsageError, match="train.compile=true: train.measure_breakdown"):
+        resolve(build_config(None, ["device=cpu", "train.compile=true", "train.measure_breakdown=true"]))
+
+
+def test_compile_auto_estimates_the_run_from_its_steps(tmp_path):
+    from mobilenet.config import estimated_eager_seconds
+    from mobilenet.data.datasets import count_train_images
+    for c in range(3):
+        (tmp_path / "train" / str(c)).mkdir(parents=True)
+        for i in range(5):
+            (tmp_path / "train" / str(c) / f"{i}.jpg").write_bytes(b"")
+    assert count_train_images({"path": str(tmp_path)}, limit=100) == 15
+    assert count_train_images({"path": str(tmp_path)}, limit=4) == 4
+    imagenet = build_config(ROOT / "configs" / "imagenet.yaml", ["data.path=synthetic", "data.synthetic_size=1281167"])
+    demo = build_config(ROOT / "configs" / "demo.yaml")
+    assert estimated_eager_seconds(imagenet, "cuda", 256) > 20 * estimated_eager_seconds(demo, "cuda", 32) > 0
+    capped = build_config(ROOT / "configs" / "imagenet.yaml", ["data.path=synthetic", "train.max_steps=2000",
+                                                                 "data.synthetic_size=1281167"])
+    assert estimated_eager_seconds(capped, "cuda", 256) < estimated_eager_seconds(imagenet, "cuda", 256) / 100

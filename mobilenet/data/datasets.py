@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets
 
 from mobilenet.data.decode import EncodedImage, train_transform, val_transform
-from mobilenet.data.demo import DIGITS_ROOT, build_digits
+from mobilenet.data.demo import DIGITS_ROOT, TRAIN_IMAGES as DIGITS_TRAIN_IMAGES, build_digits
 from mobilenet.data.samplers import ResumableSampler, ShardSampler
 from mobilenet.errors import UsageError
 
@@ -205,12 +205,49 @@ class WorkerSignals:
             self.protected.value = 0
 
 
+SYNTHETIC_WORKERS = 4  # random images are only collated; more workers only add processes
+
+
+def usable_cores():
+    """The cores this process may run on (its affinity: taskset, cgroups, Slurm), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_workers(path, processes, cores=None):
+    """data.workers auto: this process's share of the usable cores (divided among the node's
+    ``processes``), less one for the process itself, which feeds the device; synthetic images need
+    SYNTHETIC_WORKERS at most."""
+    workers = max(0, (cores or usable_cores()) // max(1, processes) - 1)
+    return min(workers, SYNTHETIC_WORKERS) if path == "synthetic" else workers
+
+
+def count_train_images(data, limit):
+    """The training images of data.path, counted up to ``limit`` (a folder's entries are listed,
+    not read: an estimate of the run's length)."""
+    if data["path"] == "synthetic":
+        return data["synthetic_size"]
+    if data["path"] == "digits":
+        return DIGITS_TRAIN_IMAGES
+    count, folders = 0, [Path(data["path"]) / "train"]
+    while folders and count < limit:
+        try:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir():
+                        folders.append(entry.path)
+                    else:
+                        count += 1
+        except OSError:  # build_datasets says what is wrong with the folder
+            continue
+    return min(count, limit)
+
+
 def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False,
-                  worker_signals=None):
+                  worker_signals=None, workers=0):
     """Train: a seeded, resumable shuffle per epoch, full batches. Val: this process's exact share.
-    ``worker_signals``: a WorkerSignals whose protection the workers follow."""
-    common = {"num_workers": data["workers"], "pin_memory": pin_memory,
-              "persistent_workers": data["workers"] > 0,
+    ``workers``: loader processes each (derived.workers); ``worker_signals``: a WorkerSignals
+    whose protection the workers follow."""
+    common = {"num_workers": workers, "pin_memory": pin_memory, "persistent_workers": workers > 0,
               "worker_init_fn": worker_signals.worker_init if worker_signals else None}
     sampler = ResumableSampler(len(train_set), rank, world, seed)
     train = DataLoader(train_set, batch_size=data["batch_size"], sampler=sampler, drop_last=True,

@@ -10,6 +10,7 @@ from pathlib import Path
 from PIL import Image
 
 DIGITS_ROOT = Path(__file__).resolve().parents[2] / "data" / "digits"
+TRAIN_IMAGES = 1437  # of the 1,797, with build_digits' val_fraction 0.2
 
 
 def build_digits(root=DIGITS_ROOT, size=32, val_fraction=0.2, seed=0):

@@ -1,7 +1,8 @@
 """Decoded + augmented img/s of one data worker: this app's pipeline vs torchvision's default and
 torchvision's fastest CPU path.
 
-python scripts/bench.py data [--data DIR] [--images 300] [--resolution 224] [--rounds 5] [--json FILE]
+python scripts/bench.py data [--data DIR] [--images 300] [--resolution 224] [--rounds 5]
+                             [--loader-workers N [--batch-size 256]] [--json FILE]
 Without --data it writes a folder of real photos (scikit-learn's two sample JPEGs, cropped and
 scaled to ImageNet-like sizes: 3/4 of them 500x375 or 375x500, 1/4 with a long side of 800-2000).
 All pipelines read the same files in one process with one thread (one worker's share of the work):
@@ -14,6 +15,8 @@ All pipelines read the same files in one process with one thread (one worker's s
 The last two leave normalisation to the device. The pipelines take turns (reversed every other
 round); ratios are medians of the rounds' ratios; rounds in which other processes took more than
 a quarter of the machine are dropped.
+--loader-workers N then measures the feed rate: the app's own train DataLoader over the same files
+with N workers (all usable cores, say), img/s from its first batch to the end of --rounds epochs.
 """
 import tempfile
 import time
@@ -77,12 +80,31 @@ def pipelines(root, resolution):
             "this app": rate(ours, lambda i: (i, i))}
 
 
+def feed_rate(root, resolution, workers, batch, epochs):
+    """img/s the app's train loader delivers with ``workers`` workers, after its first batch."""
+    from mobilenet.data import ImageFolderRGB, build_loaders, train_transform
+    train = ImageFolderRGB(Path(root) / "train", train_transform(resolution, 0.08, True))
+    data = {"batch_size": min(batch, len(train)), "val_batch_size": batch}
+    loader, _ = build_loaders(train, train, data, seed=0, workers=workers)
+    images, start = 0, None
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        for batch_images, _ in loader:
+            if start is None:
+                start = time.perf_counter()
+                continue
+            images += len(batch_images)
+    return images / (time.perf_counter() - start)
+
+
 def main(argv=None):
     from mobilenet.harness import benchmark_parser
     p = benchmark_parser(__doc__)
     p.add_argument("--data", help="an ImageFolder root with train/ (default: generated photos)")
     p.add_argument("--images", type=int, default=300)
     p.add_argument("--resolution", type=int, default=224)
+    p.add_argument("--loader-workers", type=int, default=0, help="also the feed rate of N loader workers")
+    p.add_argument("--batch-size", type=int, default=256, help="the feed rate's batch")
     args = p.parse_args(argv)
     import torch
 
@@ -93,12 +115,20 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as tmp:
             root = args.data or write_photo_folder(tmp, args.images)
             rounds = interleave(pipelines(root, args.resolution), args.rounds)
+            torch.set_num_threads(threads)
+            feed = feed_rate(root, args.resolution, args.loader_workers, args.batch_size, args.rounds) \
+                if args.loader_workers else None
     finally:
         torch.set_num_threads(threads)
     print(rounds.describe())
     names = list(rounds.values[0])
     report = {**rounds.to_json(), "img_per_s": {name: rounds.median(name) for name in names},
               "ratio": {name: rounds.ratio("this app", name)[0] for name in names}}
+    if feed is not None:
+        report["feed"] = {"workers": args.loader_workers, "batch": args.batch_size, "img_per_s": feed}
+        print(f"feed rate: the app's train loader with {args.loader_workers} workers, batch {args.batch_size}, "
+              f"{args.resolution} px: {feed:.0f} img/s (after its first batch, {args.rounds} epochs of "
+              f"{args.images if not args.data else 'the'} images)")
     print(markdown_table([f"pipeline (1 worker, {args.resolution}px)", "img/s (median, min-max)",
                           "this app vs it (median, min-max)"],
                          [[name, rounds.cell(name), rounds.ratio_cell("this app", name)] for name in names]))

@@ -33,7 +33,7 @@ def from_memory(args, overrides):
     device = open_device(cfg["derived"]["device"])
     train_set, val_set = build_datasets(cfg["data"], cfg["model"])
     state = TrainingState(cfg, device, steps_per_epoch=args.steps)
-    loader, _ = build_loaders(train_set, val_set, {**cfg["data"], "workers": 0}, cfg["seed"])
+    loader, _ = build_loaders(train_set, val_set, cfg["data"], cfg["seed"])
     loader.sampler.set_epoch(0)
     batches = [b for _, b in zip(range(args.steps), state.batches(loader))]
     state.train_step.train()

@@ -1,0 +1,41 @@
+"""The device paths on cuda: each optimizer implementation and amp level trains, saves and resumes
+through train.py. Marked cuda: they run where torch sees a GPU (scripts/bench_device.sh runs them
+with pytest -m cuda) and are skipped elsewhere."""
+import json
+
+import pytest
+import torch
+
+import train
+from mobilenet.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.cuda
+
+SMALL = ["--device", "cuda", "model.width_mult=0.25", "model.resolution=32", "data.batch_size=32", "data.workers=2",
+         "train.log_every=3", "train.max_steps_per_epoch=6"]
+CASES = {"torch_fused O1 bfloat16": ["--optimizer", "fused", "--amp", "O1", "amp.dtype=bfloat16"],
+         "torch_fused O1 float16, dynamic scale": ["--optimizer", "fused", "--amp", "O1"],
+         "torch_fused O2 float16": ["--optimizer", "fused", "--amp", "O2", "amp.loss_scale=1024"],
+         "loop O2 float16": ["--optimizer", "standard", "optim.foreach=false", "--amp", "O2"],
+         "foreach O0": ["--optimizer", "standard"]}
+
+
+def train_digits(digits, out, *extra):
+    assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out),
+                       *SMALL, *extra]) == 0
+    return json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trains_saves_and_resumes_on_cuda(tmp_path, digits, case):
+    straight = train_digits(digits, tmp_path / "straight", *CASES[case], "--epochs", "2")
+    assert straight["device"] == "cuda" and straight["epochs"] == 2 and straight["img_per_s"] > 0
+    train_digits(digits, tmp_path / "resumed", *CASES[case], "--epochs", "2", "train.max_steps=6")
+    train_digits(digits, tmp_path / "resumed", *CASES[case], "--epochs", "2", "--resume", "auto")
+    a, b = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt") for run in ("straight", "resumed"))
+    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 0)
+    for key, value in a["state_dict"].items():  # fp32 (the masters under O2); cuDNN's backward
+        assert value.dtype == b["state_dict"][key].dtype  # kernels may sum in another order
+        if value.is_floating_point():
+            assert value.dtype == torch.float32, key
+            torch.testing.assert_close(value, b["state_dict"][key], rtol=1e-3, atol=1e-3, msg=key)
