@@ -4,15 +4,15 @@
 #   tests     pytest -m cuda: the suite's device paths
 #   ceiling   bench.py ceiling, eager: the app against plain loops at batch 64 and 256, O1 bfloat16
 #             and O2 float16 (fused; and the per-parameter loop at O2), plain graphed at 64
-#   trace     10 eager app steps under torch.profiler (b256, O2 float16, fused), read by
-#             scripts/trace_report.py: host and device time per phase, syncs, copies, casts
+#   trace     10 eager app steps under torch.profiler (fused; b256 O2 float16, b64 O1 bfloat16),
+#             read by scripts/trace_report.py: host and device time per phase, syncs, copies, casts
 #   compiled  bench.py ceiling, compiled (reduce-overhead) at batch 256, O1 bfloat16
 #   data      bench.py data: one worker's decode rate, and the feed rate of all usable cores
 #   compare   compare_optimizers.sh at b256 O2: loop, foreach, fused (throughput, then breakdown)
 #   demo      the README's command: bash train.sh --optimizer=fused
 #   bash scripts/bench_device.sh [PART ...]            (default: every part, in this order)
-# Results in $BENCH_OUT (default runs/bench_device): PART.log and PART.json, trace/ (the run, its
-# profile/ trace), compare/ (report.json, report.png), demo/.
+# Results in $BENCH_OUT (default runs/bench_device): PART.log and PART.json, trace-b*/ (the runs,
+# their profile/ traces) with trace-b*.json, compare/ (report.json, report.png), demo/.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 out="$(mkdir -p "${BENCH_OUT:-runs/bench_device}" && cd "${BENCH_OUT:-runs/bench_device}" && pwd)"
@@ -27,8 +27,19 @@ part() {  # part NAME SECONDS COMMAND...: runs it under a time limit into NAME.l
   echo "== $name (at most $limit s)"
   timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
   codes[$name]="exit $? in $((SECONDS - start)) s"
-  tail -n 12 "$out/$name.log"
+  tail -n 30 "$out/$name.log"
 }
+
+trace() {  # trace BATCH LEVEL DTYPE: 10 profiled eager steps, fused, and their report
+  local run="$out/trace-b$1-$2"
+  bash train.sh --data synthetic --optimizer fused --amp "$2" amp.dtype="$3" amp.loss_scale=1024 \
+    data.batch_size="$1" data.synthetic_size=$((14 * $1)) train.log_every=7 train.profile=true \
+    train.compile=false --output "$run" --start-over >"$run.log" 2>&1 || { tail -n 5 "$run.log"; return 1; }
+  echo "-- b$1 $2 $3"
+  "$PY" scripts/trace_report.py "$run/profile" --json "$run.json"
+}
+export -f trace
+export out PY
 
 run_part() {
   case $1 in
@@ -37,10 +48,7 @@ run_part() {
         eager/64/O1-bfloat16/torch_fused eager/256/O1-bfloat16/torch_fused \
         eager/64/O2-float16/torch_fused eager/256/O2-float16/torch_fused \
         eager/64/O2-float16/loop eager/256/O2-float16/loop graphed/64/O1-bfloat16/torch_fused ;;
-    trace) part trace 45 bash -c "bash train.sh --data synthetic --optimizer fused --amp O2 \
-        amp.loss_scale=1024 data.batch_size=256 data.synthetic_size=3584 train.log_every=7 train.profile=true \
-        --output '$out/trace' --start-over && '$PY' scripts/trace_report.py '$out/trace/profile' \
-        --json '$out/trace.json'" ;;
+    trace) part trace 60 bash -c "trace 256 O2 float16 && trace 64 O1 bfloat16" ;;
     compiled) part compiled 120 "$PY" scripts/bench.py ceiling --steps 30 --rounds 2 --json "$out/compiled.json" \
         --cases compiled/256/O1-bfloat16/torch_fused ;;
     data) part data 40 "$PY" scripts/bench.py data --rounds 2 --images 512 --loader-workers "$cores" \
