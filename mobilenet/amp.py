@@ -121,29 +121,65 @@ class LossScaler:
         self.skipped.fill_(state["skipped"])
 
 
+def flat_views(tensors, dtype):
+    """(one zeroed flat buffer of ``dtype``, views of it with each tensor's size and strides, in
+    order): a list of dense tensors (contiguous or channels_last) laid out in one buffer, so that
+    a copy or cast of all of them is one launch."""
+    flat = torch.zeros(sum(t.numel() for t in tensors), dtype=dtype, device=tensors[0].device)
+    views, offset = [], 0
+    for t in tensors:
+        views.append(flat.as_strided(t.size(), t.stride(), offset))
+        offset += t.numel()
+    return flat, views
+
+
 class MasterWeights:
-    """O2, as apex does it: casts ``net`` to ``dtype`` except BatchNorm, and keeps fp32 master
-    copies of all its parameters for the optimizer. Per step, with multi-tensor ops only: the half
-    grads are copied into the master grads; after the step the masters are copied back."""
+    """O2, as apex does it with combine_grad: casts ``net`` to ``dtype`` except BatchNorm, and keeps
+    fp32 master copies of all its parameters for the optimizer. The model's parameters and their
+    grads live in one flat buffer per dtype (half, and fp32 for BatchNorm), the masters and their
+    grads in fp32 buffers of the same layout: each step's grad copy, weight copy and zeroing are
+    one launch per dtype instead of one per tensor (torch's foreach copy does not cast)."""
 
     def __init__(self, net, dtype):
         self.names = [name for name, _ in net.named_parameters()]
-        self.params = [p.detach().clone().float().requires_grad_() for p in net.parameters()]
-        for master in self.params:
-            master.grad = torch.zeros_like(master)
-        self.grads = [master.grad for master in self.params]
+        weights = [p.detach().clone() for p in net.parameters()]  # fp32, before the cast
         net.to(dtype)
         for module in net.modules():
             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
                 module.float()
         self.model_params = list(net.parameters())
+        self.params = [None] * len(self.model_params)
+        self.groups = []  # (model flat, model grads flat, masters flat, master grads flat) per dtype
+        for group_dtype in sorted({p.dtype for p in self.model_params}, key=str):
+            index = [i for i, p in enumerate(self.model_params) if p.dtype == group_dtype]
+            members = [self.model_params[i] for i in index]
+            model_flat, model_views = flat_views(members, group_dtype)
+            grads_flat, grad_views = flat_views(members, group_dtype)
+            masters_flat, master_views = flat_views(members, torch.float32)
+            master_grads_flat, master_grad_views = flat_views(members, torch.float32)
+            for i, param, view, grad, master, master_grad in zip(index, members, model_views, grad_views,
+                                                                 master_views, master_grad_views):
+                master.copy_(weights[i])
+                view.copy_(weights[i])
+                param.data, param.grad = view, grad  # backward accumulates into the flat grads
+                master.requires_grad_()
+                master.grad = master_grad
+                self.params[i] = master
+            self.groups.append((model_flat, grads_flat, masters_flat, master_grads_flat))
+        self.grads = [master.grad for master in self.params]
 
     def grads_from_model(self):
-        torch._foreach_copy_(self.grads, [p.grad for p in self.model_params])
+        for _, grads, _, master_grads in self.groups:
+            master_grads.copy_(grads)
 
     @torch.no_grad()
     def weights_to_model(self):
-        torch._foreach_copy_(self.model_params, self.params)
+        for model, _, masters, _ in self.groups:
+            model.copy_(masters)
+
+    def zero_model_grads(self):
+        for _, grads, _, _ in self.groups:
+            grads.zero_()
 
     def state_dict(self, net):
         """``net``'s state dict with the fp32 masters in place of its half parameters."""
@@ -200,7 +236,7 @@ class NativePrecision:
 
     def zero_grad(self, net, optimizer, set_to_none):
         if self.masters:
-            net.zero_grad(set_to_none=True)  # the master grads are overwritten each step
+            self.masters.zero_model_grads()  # the master grads are overwritten each step
         else:
             optimizer.zero_grad(set_to_none=set_to_none)
 

@@ -103,8 +103,6 @@ def open_device(device_type, local_rank=0):
         return torch.device("cpu")
     if device_type == "npu":
         import_torch_npu().npu.set_compile_mode(jit_compile=False)
-    if device_type == "cuda":  # fixed shapes: cuDNN times each convolution's algorithms once, keeps
-        torch.backends.cudnn.benchmark = True  # the fastest (as torchvision's references do)
     device_module(device_type).set_device(local_rank)
     return torch.device(device_type, local_rank)
 
