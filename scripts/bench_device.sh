@@ -49,11 +49,11 @@ run_part() {
     ceiling) part ceiling 100 "$PY" scripts/bench.py ceiling --steps 30 --rounds 2 --json "$out/ceiling.json" --cases \
         eager/64/O1-bfloat16/torch_fused eager/256/O1-bfloat16/torch_fused \
         eager/64/O2-float16/torch_fused eager/256/O2-float16/torch_fused graphed/64/O1-bfloat16/torch_fused ;;
-    loop) part loop 80 "$PY" scripts/bench.py ceiling --steps 30 --rounds 2 --json "$out/loop.json" --cases \
+    loop) part loop 70 "$PY" scripts/bench.py ceiling --steps 30 --rounds 2 --json "$out/loop.json" --cases \
         eager/64/O2-float16/torch_fused eager/64/O2-float16/loop eager/256/O2-float16/torch_fused \
         eager/256/O2-float16/loop ;;
     trace) part trace 60 bash -c "trace 256 O2 float16 && trace 64 O1 bfloat16" ;;
-    compiled) part compiled 120 "$PY" scripts/bench.py ceiling --steps 30 --rounds 2 --json "$out/compiled.json" \
+    compiled) part compiled 110 "$PY" scripts/bench.py ceiling --steps 30 --rounds 1 --json "$out/compiled.json" \
         --cases compiled/256/O1-bfloat16/torch_fused ;;
     data) part data 40 "$PY" scripts/bench.py data --rounds 2 --images 512 --loader-workers "$cores" \
         --json "$out/data.json" ;;

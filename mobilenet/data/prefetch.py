@@ -23,8 +23,9 @@ class DevicePrefetcher:
         self.loader, self.device = loader, device
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.dtype = dtype
-        self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
-        self.std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
+        mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
+        std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
+        self.scale, self.shift = 1 / std, -mean / std  # (x - mean) / std = x * scale + shift
         # torch.cuda and torch.npu (torch_npu) share the stream API used here
         self.streams = getattr(torch, device.type) if device.type in ("cuda", "npu") else None
         self.side_stream = copy_stream(device) if self.streams else None
@@ -33,11 +34,14 @@ class DevicePrefetcher:
         return len(self.loader)
 
     def _to_device(self, batch):
+        """Two passes on the device: the uint8 batch into the layout, then one fp32 multiply-add
+        written in the step's dtype (the same values as float, subtract, divide and cast)."""
         images, labels = batch
-        images = images.to(self.device, non_blocking=True)
-        labels = labels.to(self.device, non_blocking=True)
-        images = ((images.float() - self.mean) / self.std).to(self.dtype)
-        return images.contiguous(memory_format=self.memory_format), labels
+        images = images.to(self.device, non_blocking=True).contiguous(memory_format=self.memory_format)
+        normalised = torch.empty(images.shape, dtype=self.dtype, device=self.device,
+                                 memory_format=self.memory_format)
+        torch.addcmul(self.shift, images, self.scale, out=normalised)
+        return normalised, labels.to(self.device, non_blocking=True)
 
     def _start(self, batch):
         """Queues ``batch``'s copy and normalisation (on the side stream where there is one)."""
@@ -59,7 +63,7 @@ class DevicePrefetcher:
         return batch
 
     def __iter__(self):
-        if self.side_stream is not None:  # mean and std were made on the compute stream
+        if self.side_stream is not None:  # scale and shift were made on the compute stream
             self.side_stream.wait_stream(self.streams.current_stream(self.device))
         iterator = iter(self.loader)
         upcoming = self._start(next(iterator, None))

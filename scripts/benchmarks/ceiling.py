@@ -204,8 +204,11 @@ def main(argv=None):
                 args.steps, args.log_every, from_loader=True))
         variants[f"{name}|plain static"] = (lambda plain=plain: plain.img_per_s(
             args.steps, args.log_every, from_loader=False))
-    for measure in variants.values():  # compiling, capture and first-use costs stay out of the rounds
+    first_call_s = {}
+    for name, measure in variants.items():  # compiling, capture and first-use costs stay out of the rounds
+        start = time.perf_counter()
         measure()
+        first_call_s[name] = time.perf_counter() - start
     rounds = interleave(variants, args.rounds)
     print(f"{describe(device)}; {cpu_model()}; synthetic images, width {cfg['model']['width_mult']:g} at "
           f"{cfg['model']['resolution']} px, channels_last {cfg['derived']['channels_last']}, "
@@ -216,6 +219,7 @@ def main(argv=None):
         name = case_name(case)
         have = {v.split("|")[1] for v in variants if v.startswith(name + "|")}
         row = {**case, "img_per_s": {v: rounds.median(f"{name}|{v}") for v in have},
+               "first_call_s": {v: first_call_s[f"{name}|{v}"] for v in have},
                "spread": {v: rounds.spread(f"{name}|{v}") for v in have}}
         cells = [rounds.cell(f"{name}|{v}", 0) if v in have else "-" for v in ("app", "plain loader", "plain static")]
         for base in ("plain loader", "plain static"):
@@ -228,6 +232,8 @@ def main(argv=None):
         table.append([name, *cells])
     print(markdown_table(["case", "app img/s", "plain loader img/s", "plain static img/s",
                           "app / plain loader", "app / plain static"], table))
+    print("first calls, s (compiling, capture and warm-up, then the measured steps): " + "; ".join(
+        f"{name.replace('|', ' ')} {seconds:.1f}" for name, seconds in first_call_s.items()))
     write_json(args.json, {"device": describe(device), "cpu": cpu_model(), "steps": args.steps,
                            "log_every": args.log_every, "overrides": overrides, "rows": rows, **rounds.to_json()})
     return rows
