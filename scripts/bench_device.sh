@@ -55,7 +55,7 @@ run_part() {
     trace) part trace 60 bash -c "trace 256 O2 float16 && trace 64 O1 bfloat16" ;;
     compiled) part compiled 110 "$PY" scripts/bench.py ceiling --steps 30 --rounds 1 --json "$out/compiled.json" \
         --cases compiled/256/O1-bfloat16/torch_fused ;;
-    data) part data 40 "$PY" scripts/bench.py data --rounds 2 --images 512 --loader-workers "$cores" \
+    data) part data 50 "$PY" scripts/bench.py data --rounds 2 --images 1024 --loader-workers "$cores" \
         --json "$out/data.json" ;;
     compare) part compare 75 env COMPARE_OUT="$out/compare" bash scripts/compare_optimizers.sh \
         --data synthetic --amp O2 amp.loss_scale=1024 data.batch_size=256 data.synthetic_size=10240 \

@@ -16,7 +16,8 @@ The last two leave normalisation to the device. The pipelines take turns (revers
 round); ratios are medians of the rounds' ratios; rounds in which other processes took more than
 a quarter of the machine are dropped.
 --loader-workers N then measures the feed rate: the app's own train DataLoader over the same files
-with N workers (all usable cores, say), img/s from its first batch to the end of --rounds epochs.
+with N workers (all usable cores, say), img/s from its first batch to the end of --rounds epochs;
+its batch is at most --batch-size and small enough that every worker makes 4 batches an epoch.
 """
 import tempfile
 import time
@@ -84,7 +85,8 @@ def feed_rate(root, resolution, workers, batch, epochs):
     """img/s the app's train loader delivers with ``workers`` workers, after its first batch."""
     from mobilenet.data import ImageFolderRGB, build_loaders, train_transform
     train = ImageFolderRGB(Path(root) / "train", train_transform(resolution, 0.08, True))
-    data = {"batch_size": min(batch, len(train)), "val_batch_size": batch}
+    batch = max(1, min(batch, len(train) // (4 * max(1, workers))))  # every worker busy, not its start
+    data = {"batch_size": batch, "val_batch_size": batch}
     loader, _ = build_loaders(train, train, data, seed=0, workers=workers)
     images, start = 0, None
     for epoch in range(epochs):
@@ -94,7 +96,7 @@ def feed_rate(root, resolution, workers, batch, epochs):
                 start = time.perf_counter()
                 continue
             images += len(batch_images)
-    return images / (time.perf_counter() - start)
+    return images / (time.perf_counter() - start), batch
 
 
 def main(argv=None):
@@ -125,8 +127,9 @@ def main(argv=None):
     report = {**rounds.to_json(), "img_per_s": {name: rounds.median(name) for name in names},
               "ratio": {name: rounds.ratio("this app", name)[0] for name in names}}
     if feed is not None:
-        report["feed"] = {"workers": args.loader_workers, "batch": args.batch_size, "img_per_s": feed}
-        print(f"feed rate: the app's train loader with {args.loader_workers} workers, batch {args.batch_size}, "
+        feed, batch = feed
+        report["feed"] = {"workers": args.loader_workers, "batch": batch, "img_per_s": feed}
+        print(f"feed rate: the app's train loader with {args.loader_workers} workers, batch {batch}, "
               f"{args.resolution} px: {feed:.0f} img/s (after its first batch, {args.rounds} epochs of "
               f"{args.images if not args.data else 'the'} images)")
     print(markdown_table([f"pipeline (1 worker, {args.resolution}px)", "img/s (median, min-max)",
