@@ -47,6 +47,24 @@ def test_o2_half_model_fp32_batchnorm_and_masters():
     owned = [p for group in optimizer.param_groups for p in group["params"]]
     assert len(owned) == 83 and all(p.dtype == torch.float32 for p in owned)
     assert precision.input_dtype == torch.float16
+    # one buffer per dtype for the model's weights, its grads, the masters and their grads: each
+    # copy or cast between them is one launch per dtype (a multi-tensor copy makes one per tensor)
+    def storages(tensors):
+        return len({t.untyped_storage().data_ptr() for t in tensors})
+    params = list(model.parameters())
+    assert storages(params) == storages(p.grad for p in params) == 2
+    assert storages(owned) == storages(p.grad for p in owned) == 2
+
+
+def test_o2_buffers_keep_each_tensors_layout_and_values():
+    from mobilenet.amp import MasterWeights
+    torch.manual_seed(0)
+    model = MobileNetV1(0.25, 10).to(memory_format=torch.channels_last)
+    weights = [p.detach().clone() for p in model.parameters()]
+    masters = MasterWeights(model, torch.float16)
+    for weight, param, master in zip(weights, model.parameters(), masters.params):
+        assert param.stride() == master.stride() == weight.stride() == param.grad.stride()
+        assert torch.equal(master, weight) and torch.equal(param, weight.to(param.dtype))
 
 
 def step(model, precision, optimizer, inject_inf=False):

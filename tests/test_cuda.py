@@ -39,3 +39,45 @@ def test_trains_saves_and_resumes_on_cuda(tmp_path, digits, case):
         if value.is_floating_point():
             assert value.dtype == torch.float32, key
             torch.testing.assert_close(value, b["state_dict"][key], rtol=1e-3, atol=1e-3, msg=key)
+
+
+def overflow_leaves_the_state(device, implementation):
+    """Two clean O1 float16 steps, then one whose grads hold an inf: returns (weights and momentum
+    before, after) the skipped step."""
+    import contextlib
+
+    from mobilenet.amp import build_precision
+    from mobilenet.model import MobileNetV1
+    from mobilenet.optim import build_optimizer
+    from mobilenet.step import TrainStep
+    torch.manual_seed(0)
+    model = MobileNetV1(0.25, 10).to(device)
+    precision = build_precision({"level": "O1", "dtype": "float16", "loss_scale": 1024}, backend="native",
+                                device=device, net=model, skip_on_device=implementation == "torch_fused")
+    optimizer = build_optimizer(precision.params(model), implementation=implementation, lr=0.1, momentum=0.9)
+    step = TrainStep(net=model, model=model, optimizer=optimizer, precision=precision,
+                     criterion=torch.nn.CrossEntropyLoss(), implementation=implementation)
+    images, labels = torch.randn(8, 3, 32, 32, device=device), torch.randint(0, 10, (8,), device=device)
+    for _ in range(2):
+        step(images, labels)
+
+    def inject(name):
+        if name == "unscale":
+            model.fc.weight.grad[0, 0] = float("inf")
+        return contextlib.nullcontext()
+
+    def state():
+        return [t.detach().clone() for t in model.parameters()] + \
+            [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    before = state()
+    step.phase = inject
+    step(images, labels)
+    return before, state()
+
+
+@pytest.mark.parametrize("implementation", ["torch_fused", "loop"])
+def test_an_overflow_step_leaves_weights_and_momentum_unchanged_on_cuda(implementation):
+    """torch's CUDA fused SGD was reported (torch 2.11) to advance momentum on a step it skips for
+    found_inf; the app relies on it leaving everything as it was (checked on cpu in test_amp)."""
+    before, after = overflow_leaves_the_state(torch.device("cuda"), implementation)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -178,15 +179,28 @@ def test_two_signals_in_a_row_save_once_and_exit_zero(tmp_path, digits, sig, gap
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"] >= 10
 
 
+def start_up_handlers(pid, timeout=30):
+    """Waits until process ``pid`` catches SIGTERM (Python alone catches only SIGINT): train.py's
+    start-up handlers are in place. Returns its signal masks from /proc, for a failure's message."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(re.search(r"SigCgt:\s*([0-9a-f]+)", status).group(1), 16)
+        if caught >> (signal.SIGTERM - 1) & 1:
+            return "".join(line + "\n" for line in status.splitlines() if line.startswith("Sig"))
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} installed no SIGTERM handler within {timeout} s")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_start_up_is_one_line(tmp_path, digits, sig):
     """Ctrl-C (or a TERM) while torch loads or the run is built: one line, exit 128 + the signal's
     number, nothing written."""
     proc = start_demo(digits, tmp_path / "run", "train.log_every=1")
-    time.sleep(0.6)  # python is up, torch and the run are still loading (2 s and more here)
+    status = start_up_handlers(proc.pid)  # torch and the run take seconds more to load
     os.killpg(proc.pid, sig)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + sig.value, stdout[-2000:] + stderr[-3000:]
+    assert proc.returncode == 128 + sig.value, stdout[-2000:] + stderr[-3000:] + status
     assert stderr.splitlines() == [f"{sig.name}: stopped, nothing saved now (checkpoints written before "
                                    f"stay valid)"], stderr[-3000:]
     assert not (tmp_path / "run" / "checkpoints").exists()

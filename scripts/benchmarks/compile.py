@@ -1,11 +1,12 @@
-"""Training img/s with train.compile (torch.compile of the model's forward and backward) against
+"""Training img/s with train.compile (torch.compile of the model and the optimizer step) against
 eager, under amp O0 and O1, on the demo model and on the full model.
 
 python scripts/bench.py compile [--models demo full] [--levels O0 O1] [--dtype bfloat16]
                                 [--rounds 3] [--steps 12] [--json FILE] [key.sub=value ...]
 demo: the bundled demo recipe (width 0.25 at 32, batch 32); full: width 1.0 at 224, batch 16,
-synthetic images. Each variant is a short run of the app's own loop in this process (img/s after
-its first log interval; a compiled run's first step, which compiles, is left out as in any run).
+synthetic images. Each variant is a short run of the app's own loop in this process (img/s of its
+log intervals after the first; a compiled run's first two steps, which compile, are left out as in
+any run; the synthetic set is sized to hold the steps).
 Compilation happens once per graph in the process, so it stays out of every round. Variants take
 turns for --rounds rounds (reversed every other round); the table shows medians with min-max and
 the ratio to eager of the same model and level. Rounds in which other processes took over a
