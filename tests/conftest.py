@@ -1,3 +1,4 @@
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -84,10 +85,19 @@ def straight_two_ranks(tmp_path_factory):
     return out
 
 
+def as_from_a_shell():
+    """preexec_fn of a child that a test sends SIGINT: SIGINT and SIGQUIT at their defaults, as a
+    shell starts a command. In some full runs the pytest process had both ignored for a moment (as
+    C's system() does in its caller while its command runs) and a child forked then inherited it,
+    so train.py kept SIGINT ignored as under nohup; which thread did it is not found."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def start_two_ranks(out, *extra):
     """bash train.sh with TWO_RANKS, started in a session of its own (a Popen, text pipes)."""
     return subprocess.Popen(["bash", "train.sh", *map(str, TWO_RANKS), "--output", str(out), *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=as_from_a_shell)
 
 

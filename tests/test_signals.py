@@ -15,7 +15,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from conftest import (ROOT, TINY, TWO_RANKS, assert_same_weights, process_tree, start_two_ranks,
+from conftest import (ROOT, TINY, TWO_RANKS, as_from_a_shell, assert_same_weights, process_tree, start_two_ranks,
                       train_sh)
 from mobilenet.checkpoint import load_checkpoint
 
@@ -35,7 +35,8 @@ def start_demo(digits, out, *extra):
     the group); text pipes."""
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits),
                              "--output", str(out), *extra], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_from_a_shell)
 
 
 @pytest.mark.parametrize("delivery", ["process", "process group"])
@@ -222,7 +223,8 @@ def test_ctrl_c_during_start_up_under_torchrun_is_one_line(tmp_path):
     """Ctrl-C (SIGINT to the group) while two workers load: one line from the launcher, exit 130;
     torchrun's own log lines aside, nothing else on stderr."""
     proc = subprocess.Popen(["bash", "train.sh", *TWO_RANKS, "--output", str(tmp_path / "run")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_from_a_shell)
     deadline = time.monotonic() + 60
     while len(workers(proc.pid)) < 2:
         assert time.monotonic() < deadline and proc.poll() is None
