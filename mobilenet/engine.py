@@ -43,6 +43,7 @@ class Run:
     breakdown: StepBreakdown | None = None
     val_seconds: float = 0.0   # the last validation's duration (for the ETA)
     slow_data_intervals: int = 0  # consecutive log intervals spent mostly waiting for data
+    data_hint_given: bool = False  # the data-wait hint is said once a run
     compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
     resumed: bool = False      # from a training checkpoint, or by --resume auto from none: the
                                # records of later steps are dropped (they are trained again)
@@ -476,7 +477,8 @@ def hint_data_wait(r, data_wait):
     """One line, once a run, when the loader stays the bottleneck (DATA_WAIT_HINT)."""
     share, intervals = DATA_WAIT_HINT
     r.slow_data_intervals = r.slow_data_intervals + 1 if data_wait >= share else 0
-    if r.slow_data_intervals == intervals:
+    if r.slow_data_intervals == intervals and not r.data_hint_given:
+        r.data_hint_given = True
         workers = r.cfg["derived"]["workers"]
         r.log.info(f"hint: data wait {data_wait:.0%} of the step for {intervals} log intervals: raise "
                    f"data.workers (now {workers}), keep a small dataset in memory (data.cache_mb) or use "

@@ -125,6 +125,21 @@ def test_a_loader_that_stays_the_bottleneck_gets_one_hint(tmp_path, capsys):
     assert len(waits) == 8 and sum(w >= 0.3 for w in waits) >= 3
 
 
+def test_the_data_wait_hint_is_said_once_a_run_even_when_the_wait_comes_back():
+    """Slow, slow, slow, fast, slow, slow, slow: one hint (the count started again after the
+    fast interval, and a demo on a 16-core machine said it three times)."""
+    from types import SimpleNamespace
+
+    from mobilenet.engine import DATA_WAIT_HINT, hint_data_wait
+    said = []
+    run = SimpleNamespace(slow_data_intervals=0, data_hint_given=False, cfg={"derived": {"workers": 3}},
+                          log=SimpleNamespace(info=said.append))  # the fields hint_data_wait reads
+    slow, fast = DATA_WAIT_HINT[0] + 0.1, 0.0
+    for wait in [slow] * 3 + [fast] + [slow] * 3:
+        hint_data_wait(run, wait)
+    assert len(said) == 1 and "raise data.workers (now 3)" in said[0]
+
+
 def test_class_set_mismatch_names_the_classes(tmp_path, digits, capsys):
     import shutil
     root = tmp_path / "data"
