@@ -112,16 +112,15 @@ def main(argv=None):
 
     from mobilenet.harness import interleave, markdown_table, write_json
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one worker's share of the machine
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            root = args.data or write_photo_folder(tmp, args.images)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.data or write_photo_folder(tmp, args.images)
+        torch.set_num_threads(1)  # one worker's share of the machine
+        try:
             rounds = interleave(pipelines(root, args.resolution), args.rounds)
+        finally:
             torch.set_num_threads(threads)
-            feed = feed_rate(root, args.resolution, args.loader_workers, args.batch_size, args.rounds) \
-                if args.loader_workers else None
-    finally:
-        torch.set_num_threads(threads)
+        feed = feed_rate(root, args.resolution, args.loader_workers, args.batch_size, args.rounds) \
+            if args.loader_workers else None
     print(rounds.describe())
     names = list(rounds.values[0])
     report = {**rounds.to_json(), "img_per_s": {name: rounds.median(name) for name in names},
