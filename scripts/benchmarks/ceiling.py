@@ -64,14 +64,15 @@ class PlainLoop:
 
     def __init__(self, case, cfg, device):
         import torch
-        from mobilenet.data import build_datasets, build_loaders
+        from mobilenet.data import IMAGENET_MEAN, IMAGENET_STD, build_datasets, build_loaders
         from mobilenet.errors import UsageError
         from mobilenet.model import MobileNetV1
+        from mobilenet.optim import build_optimizer
         self.case, self.cfg, self.device = case, cfg, device
         torch.manual_seed(0)
-        layout = torch.channels_last if cfg["derived"]["channels_last"] else torch.contiguous_format
-        self.layout = layout
-        self.net = MobileNetV1(cfg["model"]["width_mult"], cfg["model"]["num_classes"]).to(device, memory_format=layout)
+        self.layout = torch.channels_last if cfg["derived"]["channels_last"] else torch.contiguous_format
+        self.net = MobileNetV1(cfg["model"]["width_mult"], cfg["model"]["num_classes"]).to(
+            device, memory_format=self.layout)
         dtype = getattr(torch, case["dtype"])
         self.half = dtype if case["level"] == "O2" else None
         if self.half:  # half model but BatchNorm; fp32 masters for the optimizer
@@ -85,10 +86,8 @@ class PlainLoop:
             if cfg["amp"]["loss_scale"] == "dynamic":
                 raise UsageError("ceiling: the plain O2 loop has a static loss scale; give amp.loss_scale=N")
             self.scale = float(cfg["amp"]["loss_scale"])
-        params = self.masters if self.half else self.net.parameters()
-        flag = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "torch_fused": {"fused": True}}
-        self.optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4,
-                                         **flag[case["implementation"]])
+        self.optimizer = build_optimizer(self.masters if self.half else self.net, implementation=case["implementation"],
+                                         lr=0.01, momentum=0.9, weight_decay=1e-4)  # torch's SGD
         self.autocast = dtype if case["level"] == "O1" else None
         self.scaler = torch.amp.GradScaler(device.type) if self.autocast == torch.float16 else None
         self.model = self.net
@@ -97,13 +96,12 @@ class PlainLoop:
         train, val = build_datasets(cfg["data"], cfg["model"])
         self.loader, _ = build_loaders(train, val, cfg["data"], cfg["seed"], pin_memory=device.type != "cpu",
                                        workers=cfg["derived"]["workers"])
-        mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1) * 255
-        std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1) * 255
-        self.mean, self.std = mean, std
+        self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
         self.static = self.to_device(next(iter(self.loader)))
         self.graph = None
         if case["kind"] == "graphed":
-            self.graph = self.capture()
+            self.capture()
 
     def to_device(self, batch):
         images, labels = batch
@@ -130,16 +128,15 @@ class PlainLoop:
             self.optimizer.step()
             with torch.no_grad():
                 torch._foreach_copy_(list(self.net.parameters()), self.masters)
-            self.net.zero_grad(set_to_none=True)
-            return loss.detach()
         else:
             loss.backward()
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        (self.net if self.half else self.optimizer).zero_grad(set_to_none=True)  # O2: the masters' stay
         return loss.detach()
 
     def capture(self):
-        """plain_step as one CUDA graph over the static batch (torch's whole-network capture)."""
+        """plain_step as one CUDA graph over the static batch (torch's whole-network capture), in
+        ``self.graph``."""
         import torch
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -147,10 +144,9 @@ class PlainLoop:
             for _ in range(3):
                 self.plain_step(*self.static)
         torch.cuda.current_stream().wait_stream(side)
-        graph = self.graph = torch.cuda.CUDAGraph()  # set first: plain_step reads it
-        with torch.cuda.graph(graph):
+        self.graph = torch.cuda.CUDAGraph()  # set first: plain_step reads it
+        with torch.cuda.graph(self.graph):
             self.plain_step(*self.static)
-        return graph
 
     def img_per_s(self, steps, warmup, from_loader):
         from mobilenet.device import synchronize
