@@ -48,7 +48,8 @@ def report(events):
     steps = [e for e in spans if e["name"].startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"]
     if not steps:
         raise SystemExit("error: the trace has no ProfilerStep ranges")
-    host = [e for e in spans if e.get("cat") not in DEVICE_WORK and e.get("cat") != "gpu_user_annotation"]
+    host = [e for e in spans if e.get("cat") not in DEVICE_WORK and e.get("cat") != "gpu_user_annotation"
+            and any(inside(e, s) for s in steps)]  # the profiled steps' host events only
     phases = [e for e in host if e["name"] in PHASES]
     runtime = [e for e in host if e.get("cat") in ("cuda_runtime", "cuda_driver", "npu_runtime")]
     device = [e for e in spans if e.get("cat") in DEVICE_WORK]
@@ -58,11 +59,8 @@ def report(events):
     n = len(steps)
     table = {name: {"host_ms": 0.0, "launches": 0, "device_ms": 0.0} for name in (*PHASES, "rest")}
     for e in phases:
-        if any(inside(e, s) for s in steps):
-            table[e["name"]]["host_ms"] += e["dur"] / 1000 / n
+        table[e["name"]]["host_ms"] += e["dur"] / 1000 / n
     for e in runtime:
-        if not any(inside(e, s) for s in steps):
-            continue
         phase = next((p["name"] for p in phases if p.get("tid") == e.get("tid") and inside(e, p)), "rest")
         if any(key in e["name"] for key in LAUNCHES):
             table[phase]["launches"] += 1
@@ -74,13 +72,13 @@ def report(events):
         row["device_ms"] /= n
     window = (min(s["ts"] for s in steps), max(s["ts"] + s["dur"] for s in steps))
     busy = union_ms(device, window)
-    waits = [e for e in runtime if is_host_wait(e["name"]) and any(inside(e, s) for s in steps)]
+    waits = [e for e in runtime if is_host_wait(e["name"])]
     copies = defaultdict(lambda: [0, 0.0])
     for e in device:
         if e.get("cat") == "gpu_memcpy" and window[0] <= e["ts"] <= window[1]:
             copies[e["name"]][0] += 1
             copies[e["name"]][1] += e["dur"] / 1000
-    ops = [e for e in host if e.get("cat") == "cpu_op" and any(inside(e, s) for s in steps)]
+    ops = [e for e in host if e.get("cat") == "cpu_op"]
     return {"steps": n, "step_ms": step_ms, "device_busy_share": busy / (window[1] - window[0]) * 1000,
             "phases": table,
             "host_waits_per_step": len(waits) / n, "host_wait_ms_per_step": sum(e["dur"] for e in waits) / 1000 / n,
