@@ -345,13 +345,18 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
 
 
 def estimated_eager_seconds(cfg, device, global_batch):
-    """The run's eager training time on cuda, estimated from its steps (for train.compile auto)."""
+    """The run's eager training time on cuda, estimated from its steps (for train.compile auto); a
+    folder's images are counted only as far as the decision needs, so a long run's figure is a
+    lower bound."""
     from mobilenet.data.datasets import count_train_images
-    from mobilenet.device import eager_seconds_estimate
+    from mobilenet.device import eager_seconds_estimate, eager_seconds_worth_compiling
     data, train, model = cfg["data"], cfg["train"], cfg["model"]
     if cfg["train"]["compile"] != "auto" or device != "cuda":
         return 0.0
-    images = count_train_images(data, limit=2_000_000)
+    step_seconds = eager_seconds_estimate(1, data["batch_size"], model["width_mult"], model["resolution"])
+    steps_that_decide = math.ceil(eager_seconds_worth_compiling() / step_seconds / train["epochs"]) + 1
+    images = count_train_images(data, limit=steps_that_decide * global_batch)  # an epoch that holds
+    # them makes the run long enough to compile, whatever the folder holds beyond
     steps_per_epoch = images // global_batch
     if train["max_steps_per_epoch"]:
         steps_per_epoch = min(steps_per_epoch, train["max_steps_per_epoch"])
@@ -388,9 +393,9 @@ def check_combinations(cfg, derived):
     if cfg["schedule"]["min_lr"] > derived["lr"]:
         raise UsageError(f"schedule.min_lr={cfg['schedule']['min_lr']:g} is above the learning rate "
                          f"{derived['lr']:g}; it is the floor the cosine schedule decays to")
-    if cfg["train"]["compile"] is True and eager_only(cfg, derived):
-        raise UsageError(f"train.compile=true: {eager_only(cfg, derived)}; leave train.compile at auto "
-                         f"or off")
+    needs_eager = eager_only(cfg, derived)
+    if cfg["train"]["compile"] is True and needs_eager:
+        raise UsageError(f"train.compile=true: {needs_eager}; leave train.compile at auto or off")
     if cfg["optim"]["impl"] == "fused" and cfg["optim"]["foreach"] != "auto":
         raise UsageError("optim.foreach chooses between the loop and foreach of optim.impl=standard; "
                          "leave it at auto with optim.impl=fused")

@@ -68,6 +68,11 @@ def eager_seconds_estimate(steps, batch, width_mult, resolution):
     return steps * max(EAGER_HOST_STEP_S, work)
 
 
+def eager_seconds_worth_compiling():
+    """The estimated eager time from which compiling is at most COMPILE_MAX_SHARE of the run."""
+    return COMPILE_SECONDS / COMPILE_MAX_SHARE - COMPILE_SECONDS
+
+
 def choose_compile(setting, device_type, *, eager_seconds, eager_only=None):
     """(torch.compile's {backend, mode} or None, why) for train.compile ``setting`` (auto, true,
     false). auto: on for cuda when compiling is at most COMPILE_MAX_SHARE of the run
@@ -84,11 +89,13 @@ def choose_compile(setting, device_type, *, eager_seconds, eager_only=None):
     if device_type == "npu":
         return None, "off (auto: torchair, the npu backend, has not run on an Ascend card here)"
     share = COMPILE_SECONDS / (COMPILE_SECONDS + eager_seconds)
-    why = (f"compiling (~{COMPILE_SECONDS:.0f} s) is ~{share:.0%} of this run (~{eager_seconds:.0f} s "
-           f"eager, estimated)")
     if share > COMPILE_MAX_SHARE:
-        return None, f"off (auto: {why})"
-    return compile_backend(device_type), f"on (auto: {why})"
+        return None, (f"off (auto: compiling (~{COMPILE_SECONDS:.0f} s) is ~{share:.0%} of this run "
+                      f"(~{eager_seconds:.0f} s eager, estimated)")
+    # a long run's image count stops where the decision is made: its figures are bounds
+    return compile_backend(device_type), (f"on (auto: compiling (~{COMPILE_SECONDS:.0f} s) is ~{share:.0%} "
+                                          f"or less of this run (~{eager_seconds:.0f} s or more eager, "
+                                          f"estimated)")
 
 
 def compiled(module, backend, mode):
