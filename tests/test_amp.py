@@ -68,7 +68,8 @@ def test_o2_buffers_keep_each_tensors_layout_and_values():
 
 
 def step(model, precision, optimizer, inject_inf=False):
-    """One TrainStep call; ``inject_inf`` puts an inf into a grad between backward and unscale."""
+    """One TrainStep call on the model's device; ``inject_inf`` puts an inf into a grad between
+    backward and unscale."""
     train_step = TrainStep(net=model, model=model, optimizer=optimizer, precision=precision,
                            criterion=torch.nn.CrossEntropyLoss(), implementation="loop")
 
@@ -77,9 +78,9 @@ def step(model, precision, optimizer, inject_inf=False):
             model.fc.weight.grad[0, 0] = float("inf")
         return contextlib.nullcontext()
     train_step.phase = phase
-    data = torch.Generator().manual_seed(2)
-    images = torch.randn(8, 3, 32, 32, generator=data).to(precision.input_dtype)
-    labels = torch.randint(0, 10, (8,), generator=data)
+    data, device = torch.Generator().manual_seed(2), model.fc.weight.device
+    images = torch.randn(8, 3, 32, 32, generator=data).to(device, precision.input_dtype)
+    labels = torch.randint(0, 10, (8,), generator=data).to(device)
     train_step(images, labels)
 
 

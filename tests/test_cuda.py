@@ -42,36 +42,26 @@ def test_trains_saves_and_resumes_on_cuda(tmp_path, digits, case):
 
 
 def overflow_leaves_the_state(device, implementation):
-    """Two clean O1 float16 steps, then one whose grads hold an inf: returns (weights and momentum
-    before, after) the skipped step."""
-    import contextlib
+    """Two clean O1 float16 steps, then one whose grads hold an inf (test_amp's step): returns
+    (weights and momentum before, after) the skipped step."""
+    from test_amp import amp_cfg, step
 
     from mobilenet.amp import build_precision
     from mobilenet.model import MobileNetV1
     from mobilenet.optim import build_optimizer
-    from mobilenet.step import TrainStep
     torch.manual_seed(0)
     model = MobileNetV1(0.25, 10).to(device)
-    precision = build_precision({"level": "O1", "dtype": "float16", "loss_scale": 1024}, backend="native",
-                                device=device, net=model, skip_on_device=implementation == "torch_fused")
+    precision = build_precision(amp_cfg("O1", loss_scale=1024), backend="native", device=device, net=model,
+                                skip_on_device=implementation == "torch_fused")
     optimizer = build_optimizer(precision.params(model), implementation=implementation, lr=0.1, momentum=0.9)
-    step = TrainStep(net=model, model=model, optimizer=optimizer, precision=precision,
-                     criterion=torch.nn.CrossEntropyLoss(), implementation=implementation)
-    images, labels = torch.randn(8, 3, 32, 32, device=device), torch.randint(0, 10, (8,), device=device)
     for _ in range(2):
-        step(images, labels)
-
-    def inject(name):
-        if name == "unscale":
-            model.fc.weight.grad[0, 0] = float("inf")
-        return contextlib.nullcontext()
+        step(model, precision, optimizer)
 
     def state():
         return [t.detach().clone() for t in model.parameters()] + \
             [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
     before = state()
-    step.phase = inject
-    step(images, labels)
+    step(model, precision, optimizer, inject_inf=True)
     return before, state()
 
 
