@@ -45,25 +45,44 @@ def bf16_hint(cfg, features):
             f"amp.dtype=bfloat16")
 
 
-def import_apex_amp():
-    """apex.amp if an apex with amp (Ascend's fork) is installed; NVIDIA apex no longer has it."""
+def import_ascend_apex():
+    """apex if it is Ascend's fork (its amp and apex.optimizers.NpuFusedSGD import), else None."""
     try:
-        return importlib.import_module("apex.amp")
-    except ImportError:
+        apex = importlib.import_module("apex")
+        importlib.import_module("apex.amp")
+        importlib.import_module("apex.optimizers").NpuFusedSGD
+    except (ImportError, AttributeError):
         return None
+    return apex
 
 
-def choose_backend(level, backend):
-    """none (O0) | native | apex, for amp.level and amp.backend (auto: apex when importable)."""
+def apex_amp_importable():
+    try:
+        importlib.import_module("apex.amp")
+    except ImportError:
+        return False
+    return True
+
+
+def choose_backend(level, backend, device):
+    """none (O0) | native | apex, for amp.level, amp.backend and the device type. auto takes apex
+    only on npu and only Ascend's fork, as ModelZoo trains; an explicit apex must be that fork."""
+    if backend == "apex" and level == "O0":
+        raise UsageError("amp.backend=apex at amp.level O0: apex amp has nothing to do at O0 and refuses "
+                         "npu fused optimizers there; use --amp O1|O2, or amp.backend=auto")
     if level == "O0":
         return "none"
     if backend == "native":
         return "native"
-    if import_apex_amp() is not None:
-        return "apex"
-    if backend == "apex":
-        raise UsageError("amp.backend=apex: apex with amp (Ascend's fork) is not importable")
-    return "native"
+    ascend = import_ascend_apex() is not None
+    if backend == "apex" and not ascend:
+        if apex_amp_importable():
+            raise UsageError("amp.backend=apex: the installed apex is not Ascend's fork (it has no "
+                             "apex.optimizers.NpuFusedSGD, and NVIDIA apex's amp has no combine_grad); "
+                             "install github.com/Ascend/apex, or use amp.backend=native")
+        raise UsageError("amp.backend=apex: apex (Ascend's fork, github.com/Ascend/apex) is not "
+                         "importable; install it, or use amp.backend=native")
+    return "apex" if backend == "apex" or (ascend and device == "npu") else "native"
 
 
 # Our own scaler rather than torch.amp.GradScaler, which (torch 2.14.1, checked by
@@ -262,8 +281,12 @@ class NativePrecision:
 
 
 class ApexPrecision:
-    """Ascend's apex: amp.initialize(..., combine_grad=True) before DDP, amp.scale_loss backward;
-    apex unscales, checks and skips inside scale_loss and the patched optimizer.step."""
+    """Ascend's apex as ModelZoo runs it: amp.initialize(net, optimizer, opt_level, loss_scale,
+    combine_grad=True) before DDP; amp.scale_loss's backward, which also unscales (into the fp32
+    masters at O2) and, at a dynamic scale, checks for an overflow and makes the next step a skip;
+    the optimizer's zero_grad as apex patches it (it takes no argument). At a static scale apex
+    checks nothing and applies every step. At O2 apex keeps the fp32 masters in the optimizer's
+    param_groups and the half weights in the model; checkpoints hold the masters."""
 
     backend = "apex"
     input_dtype = torch.float32  # apex O2 casts the model's inputs itself
@@ -271,20 +294,34 @@ class ApexPrecision:
     def __init__(self, amp_module, level, loss_scale):
         self.amp, self.level, self.loss_scale = amp_module, level, loss_scale
         self.dynamic_loss_scale = loss_scale == "dynamic"
+        self.skipped = 0
+        self.optimizer = self.names = None
 
     def params(self, net):
         return list(net.parameters())
 
     def initialize(self, net, optimizer):
-        return self.amp.initialize(net, optimizer, opt_level=self.level,
-                                   loss_scale=self.loss_scale, combine_grad=True)
+        by_id = {id(p): name for name, p in net.named_parameters()}
+        self.names = [by_id[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        net, optimizer = self.amp.initialize(net, optimizer, opt_level=self.level,
+                                             loss_scale=self.loss_scale, combine_grad=True)
+        # apex makes its O2 masters lazily, at the first zero_grad or backward: now, so that a
+        # checkpoint's weights and optimizer state load into them (not into the half weights)
+        optimizer.zero_grad()
+        self.optimizer = optimizer
+        return net, optimizer
+
+    def current_scale(self):
+        return self.amp.state_dict()["loss_scaler0"]["loss_scale"]
 
     def autocast(self):
         return contextlib.nullcontext()
 
     def backward(self, loss, optimizer):
+        scale = self.current_scale()
         with self.amp.scale_loss(loss, optimizer) as scaled:
             scaled.backward()
+        self.skipped += self.current_scale() < scale  # apex halves its scale exactly when it skips
 
     def unscale(self, optimizer):
         pass
@@ -293,23 +330,34 @@ class ApexPrecision:
         optimizer.step()
 
     def zero_grad(self, net, optimizer, set_to_none):
-        optimizer.zero_grad(set_to_none=set_to_none)
+        optimizer.zero_grad()
 
     def metrics(self):
-        return {}
+        return {"loss_scale": self.current_scale(), "skipped_steps": self.skipped}
+
+    def masters(self):
+        """{name: the fp32 tensor the optimizer updates}, at O2 (apex's masters)."""
+        owned = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return dict(zip(self.names, owned))
 
     def weights(self, net):
-        return net.state_dict()
+        if self.level != "O2":
+            return net.state_dict()
+        return {**net.state_dict(), **{name: m.detach() for name, m in self.masters().items()}}
 
+    @torch.no_grad()
     def load_weights(self, state):
-        pass
+        if self.level == "O2":
+            for name, master in self.masters().items():
+                master.copy_(state[name])
 
     def state_dict(self):
-        return {"apex": self.amp.state_dict()}
+        return {"apex": self.amp.state_dict(), "skipped": self.skipped}
 
     def load_state_dict(self, state):
         if state.get("apex"):
             self.amp.load_state_dict(state["apex"])
+            self.skipped = state.get("skipped", 0)
 
 
 def grads_of(optimizer):
@@ -320,7 +368,7 @@ def build_precision(amp_cfg, *, backend, device, net, skip_on_device=False):
     """The precision for the ``amp`` config section and its resolved ``backend``; under native O2
     this casts ``net`` (see MasterWeights), so build it before the optimizer."""
     if backend == "apex":
-        return ApexPrecision(import_apex_amp(), amp_cfg["level"], amp_cfg["loss_scale"])
+        return ApexPrecision(importlib.import_module("apex.amp"), amp_cfg["level"], amp_cfg["loss_scale"])
     return NativePrecision(level=amp_cfg["level"], dtype=getattr(torch, amp_cfg["dtype"]),
                            loss_scale=amp_cfg["loss_scale"], device=device, net=net,
                            skip_on_device=skip_on_device)

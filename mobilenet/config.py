@@ -70,7 +70,7 @@ DEFAULTS = {
         "level": "O0",             # O0 (fp32) | O1 (autocast) | O2 (half model, fp32 masters)
         "dtype": "float16",        # float16 | bfloat16
         "loss_scale": "dynamic",   # dynamic | a number
-        "backend": "auto",         # auto (apex when importable) | apex | native
+        "backend": "auto",         # auto (Ascend apex on npu when importable) | apex | native
     },
     "train": {
         "epochs": 90,
@@ -306,7 +306,7 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
 
     derived: device (npu|cuda|cpu), world_size, global_batch, lr (optim.lr, scaled to the global
     batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the implementation that runs:
-    loop|foreach|torch_fused|npu_fused), amp_backend (none|native|apex), workers (data.workers,
+    loop|foreach|torch_fused|npu_fused|apex_npu_fused), amp_backend (none|native|apex), workers (data.workers,
     auto resolved), compile (torch.compile's backend and mode, or None) and compile_why. ``output`` defaults to
     runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
     what the flags of other scripts' dialects became (mobilenet.cli), kept for the log.
@@ -323,13 +323,14 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
     global_batch = data["batch_size"] * world.size
     lr = optim["lr"] * global_batch / optim["lr_scale_batch"] if optim["lr_scale_batch"] else optim["lr"]
     channels_last = model["channels_last"]
+    amp_backend = choose_backend(amp["level"], amp["backend"], device)
     derived = {
         "device": device, "world_size": world.size, "global_batch": global_batch, "lr": lr,
         # torch_npu keeps its own internal layouts; channels-last measured faster on cpu and cuda
         "channels_last": device != "npu" if channels_last == "auto" else channels_last,
         "optimizer_implementation": choose_implementation(name=optim["name"], impl=optim["impl"], device=device,
-                                           foreach=optim["foreach"]),
-        "amp_backend": choose_backend(amp["level"], amp["backend"]),
+                                                          foreach=optim["foreach"], amp_backend=amp_backend),
+        "amp_backend": amp_backend,
         "command_line": list(command_line),
         "workers": auto_workers(data["path"], world.local_size) if data["workers"] == "auto" else data["workers"],
     }

@@ -321,7 +321,8 @@ def finish(r, totals, results):
                "other_cpu_share": totals["other_load"].so_far(),  # other processes, as benchmarks report
                "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer_implementation"],
                "optimizer_class": describe_optimizer(cfg["optim"]["name"], derived["optimizer_implementation"]),
-               "device": r.device.type, "amp": cfg["amp"]["level"], "world_size": r.world.size,
+               "device": r.device.type, "amp": cfg["amp"]["level"], "amp_backend": derived["amp_backend"],
+               "world_size": r.world.size,
                "global_batch": derived["global_batch"],
                "peak_memory_mb": round(peak_memory_mb(r.device), 1), "unreadable_images": unreadable}
     if r.breakdown is not None:

@@ -5,10 +5,12 @@ Implementations of one algorithm, from most launches per step to fewest:
   foreach      torch's multi-tensor path (foreach=True): one op per operation for all tensors
   torch_fused  torch's fused kernel (fused=True): one kernel for the whole update (cuda, cpu)
   npu_fused    torch_npu.optim.NpuFused*: params, grads and state combined into contiguous buffers
+  apex_npu_fused  apex.optimizers.NpuFused* (Ascend's apex), whose buffers apex amp combines
 ``optim.impl=standard`` runs what an unmodified torch optimizer runs on the device (torch chooses
 loop or foreach; ``optim.foreach`` forces one); ``fused`` runs the fused one the device has
-(torch_fused or npu_fused).
+(torch_fused or npu_fused), or apex's under apex amp, as ModelZoo pairs them.
 """
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -21,7 +23,7 @@ from mobilenet.device import import_torch_npu
 @dataclass(frozen=True)
 class Algorithm:
     torch_class: type
-    npu_fused: str          # its class in torch_npu.optim
+    npu_fused: str          # its class in torch_npu.optim and in apex.optimizers
     hyperparameters: tuple  # optim.* settings it takes besides lr and weight_decay
     fused_kernel: bool      # torch has a fused=True kernel for it
 
@@ -32,7 +34,7 @@ ALGORITHMS = {
     "adamw": Algorithm(torch.optim.AdamW, "NpuFusedAdamW", ("betas", "eps"), True),
     "rmsprop": Algorithm(torch.optim.RMSprop, "NpuFusedRMSprop", ("momentum", "alpha", "eps"), False),
 }
-IMPLEMENTATIONS = ("loop", "foreach", "torch_fused", "npu_fused")
+IMPLEMENTATIONS = ("loop", "foreach", "torch_fused", "npu_fused", "apex_npu_fused")
 # the optim.* overrides that select each implementation (npu_fused: optim.impl=fused on npu)
 SETTINGS = {"loop": ["optim.impl=standard", "optim.foreach=false"],
             "foreach": ["optim.impl=standard", "optim.foreach=true"],
@@ -45,10 +47,13 @@ def torch_default_foreach(device):
     return device in torch_optimizer._get_foreach_kernels_supported_devices()
 
 
-def choose_implementation(*, name, impl, device, foreach="auto"):
-    """loop | foreach | torch_fused | npu_fused for algorithm ``name``, optim.impl ``impl`` (standard or
-    fused), a device type and optim.foreach (auto, True or False; for standard only)."""
+def choose_implementation(*, name, impl, device, foreach="auto", amp_backend="none"):
+    """loop | foreach | torch_fused | npu_fused | apex_npu_fused for algorithm ``name``, optim.impl
+    ``impl`` (standard or fused), a device type, optim.foreach (auto, True or False; for standard
+    only) and the resolved amp backend (apex amp takes apex's own fused optimizers)."""
     if impl == "fused":
+        if amp_backend == "apex":
+            return "apex_npu_fused"
         if device == "npu":
             return "npu_fused"
         return "torch_fused" if ALGORITHMS[name].fused_kernel else "foreach"
@@ -87,6 +92,8 @@ def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight
         kwargs["betas"] = tuple(kwargs["betas"])
     if implementation == "npu_fused":
         return getattr(import_torch_npu().optim, algorithm.npu_fused)(groups, **kwargs)
+    if implementation == "apex_npu_fused":
+        return getattr(importlib.import_module("apex.optimizers"), algorithm.npu_fused)(groups, **kwargs)
     flag = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "torch_fused": {"fused": True}}
     return algorithm.torch_class(groups, **flag[implementation], **kwargs)
 
@@ -119,6 +126,8 @@ def describe_optimizer(name, implementation):
     cls = algorithm.torch_class.__name__
     if implementation == "npu_fused":
         return f"{algorithm.npu_fused} (torch_npu combined buffers)"
+    if implementation == "apex_npu_fused":
+        return f"apex {algorithm.npu_fused} (buffers combined by apex amp)"
     if implementation == "foreach" and not algorithm.fused_kernel:
         return f"{cls} (multi-tensor foreach: torch has no fused {cls} kernel)"
     return cls + {"loop": " (per-parameter loop, foreach=False)", "foreach": " (multi-tensor foreach)",
@@ -127,7 +136,7 @@ def describe_optimizer(name, implementation):
 
 def zero_grad_to_none(implementation):
     """NpuFused* keep the grads inside their combined buffer and reject set_to_none=True."""
-    return implementation != "npu_fused"
+    return implementation not in ("npu_fused", "apex_npu_fused")
 
 
 def lr_factor_fn(name, steps_per_epoch, epochs, step_epochs=30, gamma=0.1, warmup_epochs=0.0,

@@ -31,8 +31,8 @@ def o2_setup(impl, dtype="float16", loss_scale="dynamic"):
 
 
 def test_native_selected_without_apex():
-    assert choose_backend("O1", "auto") == choose_backend("O2", "auto") == "native"
-    assert choose_backend("O0", "auto") == "none"
+    assert choose_backend("O1", "auto", "cpu") == choose_backend("O2", "auto", "npu") == "native"
+    assert choose_backend("O0", "auto", "cpu") == "none"
     for level in ("O1", "O2"):
         precision = build_precision(amp_cfg(level), backend="native", device=CPU, net=MobileNetV1(0.25, 10))
         assert type(precision) is NativePrecision and (precision.masters is not None) == (level == "O2")

@@ -1,11 +1,10 @@
 """train.compile: the model's forward and backward under torch.compile (inductor on cpu)."""
 import json
-import sys
-import types
 
 import pytest
 import torch
 
+import standin_apex
 import train
 from conftest import ROOT, TINY, assert_same_weights
 from mobilenet.checkpoint import load_checkpoint
@@ -91,14 +90,11 @@ def test_compiled_run_resumes_bit_identical_with_plain_checkpoint_keys(tmp_path,
 
 
 def test_settings_that_cannot_compile_are_usage_errors(monkeypatch):
-    # a stand-in for Ascend's apex, to test the wiring only: its presence makes amp.backend=auto apex
-    standin = types.ModuleType("apex")
-    standin.amp = types.ModuleType("apex.amp")
-    monkeypatch.setitem(sys.modules, "apex", standin)
-    monkeypatch.setitem(sys.modules, "apex.amp", standin.amp)
+    standin_apex.install(monkeypatch)
     with pytest.raises(UsageError, match="train.compile=true: apex amp"):
-        resolve(build_config(None, ["train.compile=true", "amp.level=O1", "device=cpu"]))
-    auto = resolve(build_config(None, ["amp.level=O1", "device=cuda" if torch.cuda.is_available() else "device=cpu"]))
+        resolve(build_config(None, ["train.compile=true", "amp.level=O1", "amp.backend=apex", "device=cpu"]))
+    auto = resolve(build_config(None, ["amp.level=O1", "amp.backend=apex",
+                                       "device=cuda" if torch.cuda.is_available() else "device=cpu"]))
     assert auto["derived"]["compile"] is None and "apex" in auto["derived"]["compile_why"]  # auto resolves
     with pytest.raises(UsageError, match="train.measure_breakdown"):
         resolve(build_config(None, ["train.compile=true", "train.measure_breakdown=true", "device=cpu"]))

@@ -1,0 +1,146 @@
+"""ModelZoo's path, apex amp with apex's NpuFusedSGD, run on cpu under tests/standin_apex.py (a
+stand-in written from Ascend apex's source; it tests our wiring, not apex's kernels)."""
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+import standin_apex
+import train
+from conftest import ROOT, TINY
+from mobilenet.amp import ApexPrecision, choose_backend
+from mobilenet.checkpoint import load_checkpoint
+from mobilenet.config import build_config, resolve
+from mobilenet.errors import UsageError
+from mobilenet.model import MobileNetV1
+from mobilenet.optim import build_optimizer
+from mobilenet.step import TrainStep
+from mobilenet.training import TrainingState
+
+APEX = ["amp.backend=apex", "--optimizer", "fused", "optim.momentum=0.9", "train.max_steps_per_epoch=6"]
+
+
+@pytest.fixture
+def apex(monkeypatch):
+    return standin_apex.install(monkeypatch)
+
+
+def run(digits, out, *extra):
+    return train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *TINY,
+                       "train.log_every=2", *APEX, *extra])
+
+
+def test_auto_takes_ascend_apex_on_npu_only(apex, monkeypatch):
+    assert choose_backend("O2", "auto", "npu") == "apex"
+    assert choose_backend("O2", "auto", "cpu") == choose_backend("O2", "auto", "cuda") == "native"
+    assert choose_backend("O1", "apex", "cpu") == "apex"
+    with pytest.raises(UsageError, match="amp.backend=apex at amp.level O0"):
+        choose_backend("O0", "apex", "npu")
+    nvidia = types.ModuleType("apex.optimizers")  # NVIDIA apex: FusedSGD, no NpuFusedSGD
+    nvidia.FusedSGD = torch.optim.SGD
+    monkeypatch.setitem(sys.modules, "apex.optimizers", nvidia)
+    assert choose_backend("O2", "auto", "npu") == "native"
+    with pytest.raises(UsageError, match="not Ascend's fork"):
+        choose_backend("O2", "apex", "npu")
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--amp", "O0"], "amp.backend=apex at amp.level O0"),
+    (["--amp", "O2"], None)])
+def test_refusals_are_one_line(apex, tmp_path, digits, capsys, extra, message, monkeypatch):
+    if message is None:  # NVIDIA apex with its old amp: refused where apex is asked for
+        monkeypatch.setitem(sys.modules, "apex.optimizers", types.ModuleType("apex.optimizers"))
+        message = "not Ascend's fork"
+    assert run(digits, tmp_path / "run", *extra) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_apex_path_trains_saves_fp32_and_resumes_bit_identical(apex, tmp_path, digits, level):
+    assert run(digits, tmp_path / "straight", "--amp", level, "--epochs", "2") == 0
+    assert run(digits, tmp_path / "resumed", "--amp", level, "--epochs", "2", "train.max_steps=8") == 0
+    assert run(digits, tmp_path / "resumed", "--amp", level, "--epochs", "2", "--resume", "auto") == 0
+    a, b = (load_checkpoint(tmp_path / r / "checkpoints" / "last.pt") for r in ("straight", "resumed"))
+    summary = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    assert summary["optimizer_class"].startswith("apex NpuFusedSGD") and summary["amp_backend"] == "apex"
+    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 0)
+    assert a["amp"] == b["amp"] and a["amp"]["skipped"] > 0  # the dynamic scale starts at 2**16
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+        assert not value.is_floating_point() or value.dtype == torch.float32, key
+    for index, state in a["optimizer"]["state"].items():
+        assert torch.equal(state["momentum_buffer"], b["optimizer"]["state"][index]["momentum_buffer"])
+    if level == "O2":  # the masters, not the half weights cast back: apex's fp32 updates are kept
+        weight = a["state_dict"]["model.1.0.weight"]
+        assert not torch.equal(weight, weight.half().float())
+    records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if r["kind"] == "train"]
+    assert train_records and all("loss_scale" in r and "skipped_steps" in r for r in train_records)
+    assert train_records[-1]["skipped_steps"] == a["amp"]["skipped"]
+    assert train_records[-1]["loss_scale"] == a["amp"]["apex"]["loss_scaler0"]["loss_scale"]
+
+
+def test_a_skipped_overflow_leaves_weights_and_momentum(apex):
+    torch.manual_seed(0)
+    net = MobileNetV1(0.25, 10)
+    optimizer = build_optimizer(net, implementation="apex_npu_fused", lr=0.1, momentum=0.9)
+    precision = ApexPrecision(apex.amp, "O2", "dynamic")
+    net, optimizer = precision.initialize(net, optimizer)
+    step = TrainStep(net=net, model=net, optimizer=optimizer, precision=precision,
+                     criterion=torch.nn.CrossEntropyLoss(), implementation="apex_npu_fused")
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    while not optimizer.state:  # the first steps overflow at 2**16 and are skipped
+        step(images, labels)
+    masters = [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
+    weights = [p.detach().clone() for p in net.parameters()]
+    momentum = [s["momentum_buffer"].clone() for s in optimizer.state.values()]
+    scale, skipped = precision.current_scale(), precision.skipped
+    hook = net.fc.weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    step(images, labels)
+    hook.remove()
+    assert precision.skipped == skipped + 1 and precision.current_scale() == scale / 2
+    owned = [p for group in optimizer.param_groups for p in group["params"]]
+    assert all(torch.equal(a, b) for a, b in zip(masters, owned))
+    assert all(torch.equal(a, b) for a, b in zip(weights, net.parameters()))
+    assert all(torch.equal(a, s["momentum_buffer"]) for a, s in zip(momentum, optimizer.state.values()))
+    step(images, labels)  # a clean step updates again
+    assert not torch.equal(masters[0], owned[0])
+
+
+def test_a_modelzoo_checkpoint_loads_into_the_masters(apex, tmp_path):
+    torch.manual_seed(1)
+    trained = MobileNetV1(0.25, 10)
+    modelzoo = {"epoch": 90, "arch": "mobilenet", "best_prec1": 70.0, "optimizer": {},
+                "state_dict": {f"module.{k}": v for k, v in trained.state_dict().items()}}
+    cfg = resolve(build_config(ROOT / "configs" / "demo.yaml", [*TINY, "amp.level=O2", "amp.backend=apex",
+                                                                "optim.impl=fused", "data.path=synthetic"]))
+    state = TrainingState(cfg, torch.device("cpu"), steps_per_epoch=6)
+    assert state.load_state_dict(modelzoo, "modelzoo.pth") is False  # weights only
+    masters = state.train_step.precision.masters()
+    for name, weight in trained.named_parameters():
+        assert torch.equal(masters[name], weight.detach()), name
+        assert torch.equal(state.train_step.net.get_parameter(name), weight.detach().to(
+            state.train_step.net.get_parameter(name).dtype)), name
+
+
+def test_the_standin_keeps_apexs_rules(apex):
+    """What the stand-in must refuse as apex does, or the tests above could pass on wiring that the
+    real apex stops (Ascend/apex 5.0.0: npu_fused_sgd.py, _process_optimizer.py, _initialize.py)."""
+    net = MobileNetV1(0.25, 10)
+    sgd = apex.optimizers.NpuFusedSGD(net.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="should be used with AMP"):
+        sgd.step()
+    with pytest.raises(RuntimeError, match="npu fused optimizer can only be used when opt_level='O1'"):
+        apex.amp.initialize(net, sgd, opt_level="O0")
+    net = MobileNetV1(0.25, 10)
+    net, sgd = apex.amp.initialize(net, apex.optimizers.NpuFusedSGD(net.parameters(), lr=0.1),
+                                   opt_level="O2", combine_grad=True)
+    with pytest.raises(TypeError):
+        sgd.zero_grad(set_to_none=False)  # apex's zero_grad takes only self
+    with pytest.raises(AssertionError, match="set_to_none"):
+        net.zero_grad(set_to_none=True)  # torch.nn.Module.zero_grad, replaced for the process (apex 5.0)
+    with pytest.raises(RuntimeError, match="only be passed through amp.initialize once"):
+        apex.amp.initialize(MobileNetV1(0.25, 10), sgd, opt_level="O2")
