@@ -18,6 +18,8 @@ DEFAULTS = {
     "seed": 0,
     "device": "auto",              # auto | npu | cuda | cpu
     "output": None,                # run directory; default runs/<config>-<optimizer>
+    "device_id": None,             # the card of a single process (ModelZoo's --device_id); None: each
+                                   # process takes its local rank's card
     "model": {
         "width_mult": 1.0,
         "num_classes": 1000,
@@ -79,9 +81,9 @@ DEFAULTS = {
                                    # (e.g. 0.9999), evaluated and checkpointed beside the model
         "log_every": 50,           # steps between progress lines
         "keep_checkpoints": 0,     # also keep the last K epoch checkpoints
-        "max_steps_per_epoch": 0,  # >0: cut epochs short (benchmarks, smoke tests)
+        "max_steps_per_epoch": 0,  # >0: cut every epoch short (ModelZoo's --max_steps N is N+2 here)
         "max_steps": 0,            # >0: stop the run after this many training steps in all, validate
-                                   # and save there (ModelZoo's --max_steps / --stop-step-num)
+                                   # and save there (--max-steps / --stop-step-num)
         "checkpoint_every_minutes": 0.0,  # >0: also save last.pt within an epoch this often (rank 0),
                                    # so a crash without a signal loses at most this much work
         "measure_breakdown": False,  # time data waits and optimizer steps (syncs the device)
@@ -108,6 +110,7 @@ FLAGS = {"optim.impl": "--optimizer", "data.path": "--data", "device": "--device
          "train.compile": "--compile"}
 AUTO_OR_BOOL = {"model.channels_last", "optim.foreach", "train.compile"}
 AUTO_OR_INT = {"data.workers"}
+OPTIONAL_INT = {"device_id"}
 # The interval every number must lie in (each element of a list), as the message shows it.
 RANGES = {
     "seed": "[0, 4294967295]",  # torch and numpy seed generators take 32 bits at least
@@ -198,6 +201,10 @@ def coerce(dotted, default, value, origin):
         return UsageError(f"{origin}: '{dotted}' must be {expected}, got {value!r}")
     if value is None and default is not None:  # `key=`, `key=null`, `key: ~`
         raise UsageError(f"{origin}: '{dotted}' needs a value (default {default!r}); got none")
+    if dotted in OPTIONAL_INT:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise bad("a card number (0 or more), or null")
+        return value
     if default is None or value is None:
         if value is not None and not isinstance(value, (str, int, float)):
             raise bad("a string")
@@ -331,7 +338,7 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
         "optimizer_implementation": choose_implementation(name=optim["name"], impl=optim["impl"], device=device,
                                                           foreach=optim["foreach"], amp_backend=amp_backend),
         "amp_backend": amp_backend,
-        "command_line": list(command_line),
+        "command_line": list(command_line) + device_id_notes(cfg["device_id"], device, world.size),
         "workers": auto_workers(data["path"], world.local_size) if data["workers"] == "auto" else data["workers"],
     }
     # torch.compile's backend and mode for the device, or None: eager; and why
@@ -343,6 +350,23 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
     resolved["output"] = cfg["output"] or f"runs/{name}-{optim['impl']}"
     resolved["derived"] = derived
     return freeze(resolved)
+
+
+def device_id_notes(device_id, device, world_size):
+    """[] or the note that device_id has no card to choose here; a UsageError where it cannot hold."""
+    from mobilenet.device import card_count
+    if device_id is None:
+        return []
+    if world_size > 1:
+        raise UsageError(f"device_id {device_id}: it chooses the card of a single process; in a job of "
+                         f"{world_size} each process takes its local rank's card (bash train.sh "
+                         f"--device-list chooses the cards)")
+    if device == "cpu":
+        return [f"device_id {device_id}: no accelerator here (device cpu); ignored"]
+    if device_id >= card_count(device):
+        raise UsageError(f"device_id {device_id}: this machine shows {card_count(device)} {device} card(s), "
+                         f"numbered from 0")
+    return []
 
 
 def estimated_eager_seconds(cfg, device, global_batch):

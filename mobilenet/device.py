@@ -116,6 +116,10 @@ def open_device(device_type, local_rank=0):
     return torch.device(device_type, local_rank)
 
 
+def card_count(device_type):
+    return device_module(device_type).device_count()
+
+
 def device_module(device):
     """torch.cuda / torch.npu for accelerators (a torch.device or its type), None for cpu."""
     kind = getattr(device, "type", device)

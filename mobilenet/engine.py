@@ -45,6 +45,7 @@ class Run:
     slow_data_intervals: int = 0  # consecutive log intervals spent mostly waiting for data
     data_hint_given: bool = False  # the data-wait hint is said once a run
     compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
+    first_step_s: float | None = None  # the process's first step, data and device time included
     resumed: bool = False      # from a training checkpoint, or by --resume auto from none: the
                                # records of later steps are dropped (they are trained again)
 
@@ -111,7 +112,8 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
     if world.size != cfg["derived"]["world_size"]:  # resolve() decided it; the processes must agree
         raise UsageError(f"the config was resolved for {cfg['derived']['world_size']} process(es), but "
                          f"{world.size} run: resolve it in the processes that train")
-    device = open_device(cfg["derived"]["device"], world.local_rank)
+    card = cfg["device_id"] if cfg["device_id"] is not None else world.local_rank
+    device = open_device(cfg["derived"]["device"], card)
     init_process_group(world, device)
     try:
         restarted = any_rank_restarted(world) and not evaluate_only
@@ -316,7 +318,7 @@ def finish(r, totals, results):
                "steps": steps_done(r),
                "val_images_scored": final.scored,
                **({"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5} if "EMA" in results else {}),
-               "img_per_s": totals["images"] / seconds if seconds else 0.0,
+               "img_per_s": totals["images"] / seconds if seconds else 0.0, "first_step_s": r.first_step_s,
                "data_wait_share": totals["data_wait_s"] / seconds if seconds else 0.0,
                "other_cpu_share": totals["other_load"].so_far(),  # other processes, as benchmarks report
                "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer_implementation"],
@@ -496,6 +498,9 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
     meter = EpochMeter(r, run_start, sync_wait=r.breakdown is not None)
     for images, labels in meter.batches(r.train_loader):
         loss = r.state.train_on(images, labels)
+        if r.first_step_s is None:  # summary.json's first_step_s (ModelZoo's CompileTime)
+            synchronize(r.device)
+            r.first_step_s = time.perf_counter() - meter.start
         if r.compile_steps and r.state.step < r.steps and not finished(r):  # an epoch's last step stays
             r.compile_steps -= 1
             meter.leave_out_compile_step(last=r.compile_steps == 0)

@@ -16,7 +16,9 @@ from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, STOPPED, exit_code
 
 def main(argv=None):
     from torch.distributed import run as torchrun
-    args = torchrun.parse_args(argv)
+    parser = torchrun.get_args_parser()
+    parser.allow_abbrev = False  # as train.py: no flag is reached by a prefix of it
+    args = parser.parse_args(argv)
     code = exit_code(lambda: check_config(args))  # once here, not once per worker
     if code:
         return code

@@ -1,4 +1,5 @@
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,12 @@ def train_sh(*args, timeout=300, env=None):
     """bash train.sh ARGS in a subprocess; returns the CompletedProcess (text output)."""
     return subprocess.run(["bash", "train.sh", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env=env)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def process_tree(root):

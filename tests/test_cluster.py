@@ -13,19 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY, TWO_RANKS, assert_same_weights, process_tree, start_two_ranks, train_sh
+from conftest import ROOT, TINY, TWO_RANKS, assert_same_weights, free_port, process_tree, start_two_ranks, train_sh
 from mobilenet.checkpoint import load_checkpoint
 
 ONE_RANK_EACH = [a for a in TWO_RANKS if a not in ("--nproc", "2")]
 # torchrun sets this for two processes on one node but not for one per node; the same thread count
 # gives the same floating-point sums, so two nodes can match one node bit for bit
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_pid(torchrun_pid, rank, local_rank=None):

@@ -4,11 +4,12 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
 
-from conftest import ROOT, run_train, train_sh
+from conftest import ROOT, assert_same_weights, free_port, run_train, train_sh
 from mobilenet.cli import REFUSED, build_parser, config_from_args
 from mobilenet.config import thaw
 from mobilenet.errors import UsageError
@@ -66,17 +67,138 @@ def test_node_totals_divide_among_the_nodes_processes(monkeypatch):
 
 def test_modelzoo_command_equals_native_command():
     modelzoo, _ = resolved(["--dummy", "-a", "MobileNet", "--apex", "--apex-opt-level", "O2",
-                            "--loss-scale-value", "1024", "--max_steps", "100", "-b", "256",
+                            "--loss-scale-value", "1024", "--max_steps", "100", "--batch_size", "256",
                             "--lr", "0.1", "--wd", "1e-4", "--print-freq", "10"])
     native, _ = resolved(["--data", "synthetic", "--amp", "O2", "amp.loss_scale=1024",
-                          "train.max_steps=100", "data.batch_size=256", "optim.lr=0.1",
+                          "train.max_steps_per_epoch=102", "data.batch_size=256", "optim.lr=0.1",
                           "optim.lr_scale_batch=0", "optim.weight_decay=1e-4", "train.log_every=10"])
     assert modelzoo == native
     dynamic, notes = resolved(["--apex", "--opt-level", "O1", "--loss-scale-value", "-1",
                                "--stop-step-num", "7"])
     assert dynamic["amp"]["level"] == "O1" and dynamic["amp"]["loss_scale"] == "dynamic"
-    assert dynamic["train"]["max_steps"] == 7
-    assert resolved(["--apex"])[0]["amp"]["level"] == "O1"  # ModelZoo's default opt level
+    assert dynamic["train"]["max_steps"] == 7 and resolved(["--max-steps", "7"])[0]["train"]["max_steps"] == 7
+    apex, _ = resolved(["--apex"])  # ModelZoo's default opt level, and main.py's default static scale
+    assert apex["amp"]["level"] == "O1" and apex["amp"]["loss_scale"] == 1024
+    assert resolved(["--apex", "amp.loss_scale=dynamic"])[0]["amp"]["loss_scale"] == "dynamic"
+
+
+def rank_environment(monkeypatch, **env):
+    """``env`` set, and the variables --distributed writes restored after the test."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "RANK_SIZE", "RANK_ID", "OMP_NUM_THREADS"):
+        monkeypatch.setenv(key, "")  # recorded, so that the test's end restores what was there
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+
+
+# Ascend ModelZoo MobileNetV1_ID0094 main.py's flags, row by row as ../shared/NOTES.md lists them
+# (read at their commit 6835f66): (their flag as they type it, what it must become here: the settings
+# it sets, or the fragment of the one-line refusal where its meaning cannot hold here).
+MAIN_PY_FLAGS = [
+    (["--data", "/imagenet"], {"data.path": "/imagenet"}),
+    (["--arch=mobilenet"], {}), (["-a", "mobilenet"], {}),  # the one model, at the recipe's width
+    (["-j", "6"], {"data.workers": 6}),
+    (["--workers=6"], {"data.workers": 6}),
+    (["--max_steps=2000"], {"train.max_steps_per_epoch": 2002, "train.max_steps": 0}),
+    (["--epochs=3"], {"train.epochs": 3}),
+    (["--start-epoch=2"], "resume instead: --resume FILE|auto"),
+    (["-b", "64"], {"data.batch_size": 64}),
+    (["--batch_size=64"], {"data.batch_size": 64}),
+    (["--lr", "0.2"], {"optim.lr": 0.2, "optim.lr_scale_batch": 0}),
+    (["--learning-rate=0.2"], {"optim.lr": 0.2, "optim.lr_scale_batch": 0}),
+    (["--momentum=0.8"], {"optim.momentum": 0.8}),
+    (["--weight-decay=5e-5"], {"optim.weight_decay": 5e-5}),
+    (["--wd", "5e-5"], {"optim.weight_decay": 5e-5}),
+    (["--print-freq=7"], {"train.log_every": 7}),
+    (["-p", "7"], {"train.log_every": 7}),
+    (["--seed=3"], {"seed": 3}),
+    (["--resume", "x.pt"], {}),           # a path, read by the run
+    (["-e"], {}), (["--evaluate"], {}),   # a switch, read by the run
+    (["--pretrained"], "model.pretrained=FILE"),
+    (["--prof"], {"train.profile": True, "train.max_steps": 12}),
+    (["--apex"], {"amp.level": "O1", "amp.loss_scale": 1024}),
+    (["--apex", "--apex-opt-level='O2'".replace("'", "")], {"amp.level": "O2", "amp.loss_scale": 1024}),
+    (["--apex", "--loss-scale-value=128"], {"amp.level": "O1", "amp.loss_scale": 128}),
+    (["--device_id=0"], {"device_id": 0}),
+    (["--distributed"], "set RANK_SIZE"),
+    (["--distributed", "--world-size=1", "--dist-rank=0"], "set RANK_SIZE"),
+    (["--world-size=2"], "--world-size applies with --distributed only"),
+    (["--dist-rank=1"], "--dist-rank applies with --distributed only"),
+    (["--dist-url", "tcp://127.0.0.1:23456"], "MASTER_ADDR:MASTER_PORT"),
+    (["--dist-backend", "hccl"], "the backend follows the device"),
+]
+
+
+def setting(cfg, dotted):
+    for part in dotted.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+@pytest.mark.parametrize("argv,expected", MAIN_PY_FLAGS, ids=[" ".join(a) for a, _ in MAIN_PY_FLAGS])
+def test_every_main_py_flag_keeps_its_meaning_or_is_refused(monkeypatch, argv, expected):
+    rank_environment(monkeypatch)
+    if isinstance(expected, str):
+        with pytest.raises(UsageError, match=re.escape(expected)):
+            resolved(["device=cpu", *argv])
+        return
+    cfg, _ = resolved(["device=cpu", *argv])
+    for key, value in expected.items():
+        assert setting(cfg, key) == value, key
+
+
+def test_distributed_ranks_as_main_py_numbers_them(monkeypatch):
+    rank_environment(monkeypatch, RANK_SIZE=4, RANK_ID=3)
+    cfg, notes = resolved(["--dummy", "--distributed", "--world-size=2", "--dist-rank=1", "-b", "256",
+                           "-j", "5", "--device_id=0"])
+    assert cfg["derived"]["world_size"] == 8 and cfg["data"]["batch_size"] == 64 and cfg["data"]["workers"] == 2
+    assert (os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("7", "3")
+    assert notes[0] == "--distributed = rank 7 of 8 (--dist-rank 1 x RANK_SIZE 4 + RANK_ID 3), meeting at 127.0.0.1:29688"
+    assert cfg["device_id"] is None and any("--device_id 0: ignored with --distributed" in n for n in notes)
+    rank_environment(monkeypatch, RANK_SIZE=2, RANK_ID=2)
+    with pytest.raises(UsageError, match="RANK_ID 2 must lie in 0..RANK_SIZE-1"):
+        resolved(["--distributed"])
+    rank_environment(monkeypatch, RANK_SIZE=2, RANK_ID=0, MASTER_PORT=29500)  # the environment wins
+    assert resolved(["--distributed"])[1][0].endswith("meeting at 127.0.0.1:29500")
+
+
+def test_no_flag_is_reached_by_a_prefix(tmp_path):
+    for argv in (["--outp", str(tmp_path)], ["--prof"[:-1]], ["--batch", "8"]):
+        result = run_train(*argv)
+        assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+        assert "unrecognized arguments" in result.stderr or "ambiguous" in result.stderr
+    result = train_sh("--npro", "2")  # the launcher's flags too (train.sh forwards it to train.py)
+    assert result.returncode == 2 and "unrecognized arguments: --npro" in result.stderr
+
+
+def test_their_performance_command_lines_run(tmp_path, digits, monkeypatch):
+    """main.py's two performance lines (their scripts' own), on the demo data, a few steps: 1 card
+    with --max_steps (2 + 1 batches here), and the 8-card way with 2 processes this test starts,
+    which must train as bash train.sh --nproc 2 does with the same settings."""
+    small = ["device=cpu", "model.width_mult=0.25", "model.resolution=32", "model.num_classes=10"]
+    one = run_train("--arch=mobilenet", f"--data={digits}", "--batch_size=256", "--learning-rate=0.1",
+                    "--epochs=1", "--max_steps=1", "--device_id=0", "--apex", "--apex-opt-level=O2",
+                    "--workers=1", "--print-freq=10", *small, "--output", tmp_path / "1p")
+    assert one.returncode == 0, one.stderr[-2000:]
+    config = yaml.safe_load((tmp_path / "1p" / "config.yaml").read_text())
+    assert config["train"]["max_steps_per_epoch"] == 3 and config["amp"]["loss_scale"] == 1024
+    assert yaml.safe_load((tmp_path / "1p" / "summary.json").read_text())["steps"] == 3
+    port = str(free_port())
+    theirs = ["--arch=mobilenet", f"--data={digits}", "--batch_size=64", "--learning-rate=0.8", "--epochs=1",
+              "--apex", "--apex-opt-level=O2", "--workers=2", "--print-freq=10", *small, "train.max_steps=3"]
+    ranks = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *theirs, "--distributed", "--world-size=1",
+                               "--dist-rank=0", "--output", str(tmp_path / "8p")], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env={**os.environ, "RANK_SIZE": "2", "RANK_ID": str(i), "MASTER_PORT": port})
+             for i in range(2)]
+    for rank in ranks:
+        assert rank.wait(timeout=300) == 0, rank.stdout.read()[-2000:]
+    ours = train_sh("--nproc", "2", *[a for a in theirs if a != "--workers=2"], "-j", "2", "--output", tmp_path / "nproc")
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert_same_weights(tmp_path / "8p", tmp_path / "nproc")
+    config = yaml.safe_load((tmp_path / "8p" / "config.yaml").read_text())
+    assert config["derived"]["world_size"] == 2 and config["data"]["batch_size"] == 32
 
 
 @pytest.mark.parametrize("argv,fragments", [
@@ -92,7 +214,10 @@ def test_modelzoo_command_equals_native_command():
     (["--apex-opt-level", "O2"], ["--apex-opt-level", "--apex"]),
     (["--loss-scale-value", "128"], ["--loss-scale-value", "--apex"]),
     (["--momentum", "1.5"], ["--momentum 1.5", "optim.momentum"]),
-    (["--stop-step-num", "0"], ["--max_steps/--stop-step-num 0", "at least 1"]),
+    (["--stop-step-num", "0"], ["--max-steps/--stop-step-num 0", "at least 1"]),
+    (["--max_steps", "-1"], ["--max_steps -1", "N+2 batches"]),
+    (["--batch-siz", "8"], ["unrecognized arguments: --batch-siz"]),
+    (["--momentum", "x"], ["--momentum", "invalid float value"]),
 ])
 def test_dialect_mistakes_are_one_line_errors(tmp_path, argv, fragments):
     result = run_train(*argv, "--output", tmp_path)
@@ -159,9 +284,11 @@ def test_modelzoo_performance_script_writes_their_outputs(tmp_path, modelzoo_out
                           "data.synthetic_size=256", "model.width_mult=0.25", "model.resolution=64")
     assert result.returncode == 0, result.stdout + result.stderr
     out = modelzoo_output
-    case = "MobileNet_bs256_1p_perf"
+    case = "MobileNetV1_ID0094_for_PyTorch_bs256_1p_perf"  # their Network, so their dashboards' names
     keys = key_lines(out / f"{case}.log")
-    assert keys["Network"] == "MobileNet" and keys["CaseName"] == case and keys["DeviceType"]
+    assert keys["Network"] == "MobileNetV1_ID0094_for_PyTorch" and keys["CaseName"] == case and keys["DeviceType"]
+    summary = yaml.safe_load((out / "run" / "summary.json").read_text())
+    assert number(keys["CompileTime"]) == pytest.approx(summary["first_step_s"], abs=1e-3) and summary["first_step_s"] > 0
     assert number(keys["RankSize"]) == 1 and number(keys["BatchSize"]) == 256
     fps = number(keys["ActualFPS"])
     assert fps > 0 and abs(number(keys["TrainingTime"]) - 256 * 1000 / fps) < 0.01
@@ -172,17 +299,20 @@ def test_modelzoo_performance_script_writes_their_outputs(tmp_path, modelzoo_out
     assert re.search(r"E2E Training Duration sec : \d+", result.stdout)
     config = yaml.safe_load((out / "run" / "config.yaml").read_text())
     assert config["amp"]["level"] == "O2" and config["amp"]["loss_scale"] == 1024
-    assert config["train"]["max_steps"] == 1000 and config["train"]["epochs"] == 1
+    assert config["train"]["max_steps_per_epoch"] == 2002 and config["train"]["max_steps"] == 0  # --max_steps=2000
+    assert config["train"]["epochs"] == 1 and config["optim"]["lr"] == 0.1
+    assert "--device_id=97" not in config["derived"]["command_line"]  # train.sh took it: one process on card 97
     assert "img/s" in (out / "train_97.log").read_text()
 
 
 def test_modelzoo_8p_full_script_on_two_listed_cards(tmp_path, modelzoo_output):
     result = run_modelzoo("train_full_8p.sh", tmp_path, "--data_path=synthetic", "--device_list=0,1",
                           "data.synthetic_size=512", "model.width_mult=0.25", "model.resolution=64",
-                          "data.workers=1", "train.epochs=1")
+                          "data.workers=1", "--epochs=1")
     assert result.returncode == 0, result.stdout + result.stderr
     out = modelzoo_output
-    keys = key_lines(out / "MobileNet_bs512_2p_acc.log")
+    keys = key_lines(out / "MobileNetV1_ID0094_for_PyTorch_bs512_2p_acc.log")
+    assert "CompileTime" not in keys  # their 8-card script writes none
     assert number(keys["RankSize"]) == 2 and number(keys["BatchSize"]) == 512
     assert 0 <= number(keys["TrainAccuracy"]) <= 100 and number(keys["ActualFPS"]) > 0
     assert f"Final Train Accuracy : {keys['TrainAccuracy']}" in result.stdout

@@ -1,21 +1,30 @@
 # Sourced by the four ModelZoo test-script entry points (train_full_1p.sh, ...), which set
-# Network, RankSize, Kind (acc|perf) and their part of the recipe; the rest is ModelZoo's
-# arguments to main.py (batch 256 per card, --apex-opt-level=O2, --loss-scale-value=1024,
-# --print-freq=10) over configs/imagenet.yaml, as settings. Runs train.sh like ModelZoo's scripts run
-# main.py, into output/$ASCEND_DEVICE_ID/ beside these scripts, then writes ModelZoo's performance
-# guard outputs: train_$ASCEND_DEVICE_ID.log, train_${CaseName}_loss.txt and ${CaseName}.log.
-# Arguments: ModelZoo's --data_path=DIR (required), then anything train.sh takes (key.sub=value
-# settings win over the recipe; --nproc N or --device_list=0,1,.. change the card count).
+# RankSize, Kind (acc|perf), Epochs, MaxSteps (ModelZoo's --max_steps, empty: whole epochs) and
+# CompileTime (yes: write the CompileTime line, as their newest 1-card script does). Runs train.sh with
+# the flags ModelZoo's scripts give main.py (--arch=mobilenet --batch_size --learning-rate --epochs
+# [--max_steps] --apex --apex-opt-level=O2 --loss-scale-value=1024 --print-freq=10 [--device_id]; not
+# --workers=128: data.workers auto sizes the loaders to this machine) over configs/imagenet.yaml, into
+# output/$ASCEND_DEVICE_ID/ beside these scripts, then writes ModelZoo's performance guard outputs:
+# train_$ASCEND_DEVICE_ID.log, train_${CaseName}_loss.txt and ${CaseName}.log.
+# Arguments: ModelZoo's --data_path=DIR (required), --batch_size=N (the node's, default 256 a card),
+# --learning_rate=X (default 0.1 a card), --device_id=N (the card, 1-card scripts; sets
+# ASCEND_DEVICE_ID), then anything train.sh takes (--nproc N or --device_list=0,1,.. change the card
+# count; key.sub=value settings and later flags win). Network names the case (default theirs,
+# MobileNetV1_ID0094_for_PyTorch).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 
-data_path="" rest=()
+Network="${Network:-MobileNetV1_ID0094_for_PyTorch}"
+data_path="" batch_size="" learning_rate="" rest=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --data_path=*) data_path="${1#*=}" ;;
     --data_path) [ $# -ge 2 ] || { echo "error: --data_path needs a folder" >&2; exit 2; }
                  data_path="$2"; shift ;;
+    --batch_size=*) batch_size="${1#*=}" ;;
+    --learning_rate=*) learning_rate="${1#*=}" ;;
+    --device_id=*) ASCEND_DEVICE_ID="${1#*=}" ;;
     --nproc=*) RankSize="${1#*=}" ;;
     --nproc) [ $# -ge 2 ] || { echo "error: --nproc needs a number" >&2; exit 2; }
              RankSize="$2"; shift ;;
@@ -37,11 +46,18 @@ if [ -n "${ASCEND_HOME_PATH:-}${ASCEND_TOOLKIT_HOME:-}" ] || command -v npu-smi 
   export TASK_QUEUE_ENABLE="${TASK_QUEUE_ENABLE:-2}" CPU_AFFINITY_CONF="${CPU_AFFINITY_CONF:-2}"
 fi
 
+# ModelZoo's defaults are per card: 256 images and lr 0.1 (their 8-card script: 2048 and 0.8)
+batch_size="${batch_size:-$(( 256 * RankSize ))}"
+learning_rate="${learning_rate:-$(awk "BEGIN {print 0.1 * $RankSize}")}"
+modelzoo=(--arch=mobilenet "--batch_size=$batch_size" "--learning-rate=$learning_rate" "--epochs=$Epochs"
+          --apex --apex-opt-level=O2 --loss-scale-value=1024 --print-freq=10)
+[ -z "$MaxSteps" ] || modelzoo+=("--max_steps=$MaxSteps")
+[ "$RankSize" -ne 1 ] || modelzoo+=("--device_id=$ASCEND_DEVICE_ID")  # train.sh: one process on that card
+
 start_time=$(date +%s)
 code=0
 bash "$root/train.sh" --nproc "$RankSize" --config "$root/configs/imagenet.yaml" --output "$out/run" --start-over \
-  "data.path=$data_path" data.batch_size=256 amp.level=O2 amp.loss_scale=1024 train.log_every=10 \
-  "${recipe[@]}" "${rest[@]}" >"$log" 2>&1 || code=$?
+  "--data=$data_path" "${modelzoo[@]}" "${rest[@]}" >"$log" 2>&1 || code=$?
 e2e_time=$(( $(date +%s) - start_time ))
 if [ "$code" -ne 0 ]; then
   echo "error: training failed (exit $code); its log: $log" >&2
@@ -57,6 +73,9 @@ if [ "$Kind" = acc ]; then
   echo "Final Train Accuracy : ${train_accuracy}"
 fi
 echo "E2E Training Duration sec : $e2e_time"
+if [ "$CompileTime" = yes ]; then  # the first step's seconds (graph compiling on Ascend), from summary.json
+  compile_time=$(awk -F': ' '/"first_step_s"/ {sub(/,$/, "", $2); printf "%.3f", $2}' "$out/run/summary.json")
+fi
 
 BatchSize=$(awk '/^  global_batch:/ {print $2}' "$out/run/config.yaml")
 DeviceType=$(uname -m)
@@ -75,4 +94,5 @@ ActualLoss=$(awk 'END {print}' "$out/train_${CaseName}_loss.txt")
   [ "$Kind" != acc ] || echo "TrainAccuracy = ${train_accuracy}"
   echo "ActualLoss = ${ActualLoss}"
   echo "E2ETrainingTime = ${e2e_time}"
+  [ "$CompileTime" != yes ] || echo "CompileTime = ${compile_time}"
 } >"$out/${CaseName}.log"
