@@ -21,4 +21,6 @@ if __name__ == "__main__":
     code = main()
     for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # the run is over and has said how:
         signal.signal(stop, signal.SIG_IGN)  # a late signal must not turn its exit code into a kill
+    from mobilenet.watchdog import kill_loader_workers
+    kill_loader_workers()  # a stuck one would hold Python's exit forever
     sys.exit(code)

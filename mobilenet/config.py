@@ -91,6 +91,9 @@ DEFAULTS = {
         "compile": "auto",         # torch.compile the model and the optimizer step (inductor with
                                    # CUDA graphs on cuda, inductor on cpu, torchair on npu); auto: on
                                    # for cuda when compiling is a small share of the run (derived)
+        "stall_timeout": 900.0,    # >0: a process without progress (a step, a validation batch, a
+                                   # save) this many seconds ends, naming the rank or loader worker
+                                   # it waits for (mobilenet.watchdog); 0: off
         "freeze_bn": False,        # BatchNorm uses running statistics while training (fine-tuning
                                    # with small per-card batches; makes results batch-split invariant)
     },
@@ -126,6 +129,7 @@ RANGES = {
     "train.epochs": "[1, inf)", "train.label_smoothing": "[0, 1)", "train.ema_decay": "[0, 1)",
     "train.log_every": "[1, inf)", "train.keep_checkpoints": "[0, inf)",
     "train.max_steps_per_epoch": "[0, inf)", "train.max_steps": "[0, inf)", "train.checkpoint_every_minutes": "[0, inf)",
+    "train.stall_timeout": "[0, inf)",
 }
 
 

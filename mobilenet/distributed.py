@@ -1,4 +1,5 @@
 """torch.distributed from the torchrun environment: one process per card, rank-0 I/O."""
+import datetime
 import functools
 import os
 from dataclasses import dataclass
@@ -31,10 +32,14 @@ def world_from_env():
                  int(env.get("TORCHELASTIC_RESTART_COUNT", 0)), int(env.get("LOCAL_WORLD_SIZE", 1)))
 
 
-def init_process_group(world, device):
-    """hccl on npu, nccl on cuda, gloo on cpu; nothing for a world of one."""
+def init_process_group(world, device, stall_timeout=0):
+    """hccl on npu, nccl on cuda, gloo on cpu; nothing for a world of one. With a stall watchdog
+    (train.stall_timeout) a collective times out after twice its time and a minute: the watchdog
+    names the culprit first, the timeout is the backstop (start-up waits count too)."""
     if world.size > 1 and not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
+        if stall_timeout > 0:
+            kwargs["timeout"] = datetime.timedelta(seconds=2 * stall_timeout + 60)
         dist.init_process_group(DIST_BACKENDS[device.type], rank=world.rank,
                                 world_size=world.size, **kwargs)
 

@@ -21,11 +21,12 @@ from mobilenet.data.datasets import WorkerSignals, unreadable_flags
 from mobilenet.device import cpu_bf16_features, describe, open_device, peak_memory_mb, synchronize
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
                                    from_rank0, host_group, init_process_group, world_from_env)
-from mobilenet.errors import TrainingFailure, UsageError
+from mobilenet.errors import TrainingFailure, UsageError, mark_started
 from mobilenet.logging import RunLogger, accuracy_line, progress_line
 from mobilenet.measure import OtherLoad, StepBreakdown, named_phase, profiler
 from mobilenet.optim import describe_optimizer
 from mobilenet.training import TrainingState, is_training_checkpoint
+from mobilenet.watchdog import Watchdog, kill_loader_workers
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Run:
     data_hint_given: bool = False  # the data-wait hint is said once a run
     compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
     first_step_s: float | None = None  # the process's first step, data and device time included
+    watchdog: Watchdog | None = None   # stall_timeout; set by fit()
     resumed: bool = False      # from a training checkpoint, or by --resume auto from none: the
                                # records of later steps are dropped (they are trained again)
 
@@ -63,17 +65,23 @@ def stop_signals():
             if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
 
 
+class StopRequested(BaseException):
+    """A stop signal while the loop waits for a batch: the state is that of the last step, whole, so
+    the run stops there at once (BaseException: the DataLoader's own handlers let it pass)."""
+
+
 class StopOnSignal:
     """SIGTERM/SIGINT/SIGHUP (stop_signals), to this process, its group or every process of the
     job (torchrun, Slurm and container runtimes differ), ask the run to stop after the current
-    step; a second SIGINT before the save starts interrupts the step (one that hangs, say). Once
-    the run saves (``saving()``), further signals are ignored until the process ends: the save
-    completes and the exit code says so. The loader's workers outlive the signals meanwhile
-    (WorkerSignals), so the run can finish the step and save. Processes agree after every step (a
-    one-element reduction on the host, no device sync), so all stop after the same step."""
+    step, or at once when it waits for data (StopRequested); a second one ends the process
+    (mobilenet.watchdog, which hears it wherever the main thread is blocked). Once the run saves
+    (``saving()``), further signals are ignored until the process ends: the save completes and the
+    exit code says so. The loader's workers outlive the signals meanwhile (WorkerSignals), so the
+    run can finish the step and save. Processes agree after every step (a one-element reduction on
+    the host, no device sync), so all stop after the same step."""
 
-    def __init__(self, world):
-        self.world, self.received = world, None
+    def __init__(self, world, watchdog):
+        self.world, self.watchdog, self.received = world, watchdog, None
 
     def __enter__(self):
         if self.world.size > 1:
@@ -87,8 +95,10 @@ class StopOnSignal:
                 signal.signal(sig, handler)
 
     def handle(self, signum, frame):
+        first = self.received is None
         self.received = signal.Signals(signum).name
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if first and self.watchdog.phase == "data":
+            raise StopRequested(self.received)
 
     def saving(self):
         """The run saves and ends now: from here on, signals are ignored."""
@@ -114,7 +124,8 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
                          f"{world.size} run: resolve it in the processes that train")
     card = cfg["device_id"] if cfg["device_id"] is not None else world.local_rank
     device = open_device(cfg["derived"]["device"], card)
-    init_process_group(world, device)
+    init_process_group(world, device, cfg["train"]["stall_timeout"])
+    mark_started()
     try:
         restarted = any_rank_restarted(world) and not evaluate_only
         fallback = None
@@ -253,7 +264,9 @@ def fit(r):
     def save_if_due():
         if periodic.due():
             save_last_if_finite(r, saver)
-    with StopOnSignal(r.world) as stop, r.worker_signals.protect(), trace as prof:
+    r.watchdog = Watchdog(cfg["train"]["stall_timeout"], r.world, cfg["data"]["path"],
+                          Path(cfg["output"]) / "checkpoints", stop_signals())
+    with r.watchdog, StopOnSignal(r.world, r.watchdog) as stop, r.worker_signals.protect(), trace as prof:
         while not finished(r):
             meter = train_one_epoch(r, stop, prof, run_start, save_if_due)
             for key, value in meter.totals().items():  # images, seconds, data_wait_s
@@ -300,6 +313,7 @@ def end_epoch(r, saver, epoch_seconds):
                  epoch_time_s=epoch_seconds, **ema)
     if r.world.is_main:
         saver.save(r.state.state_dict(), r.state.epoch, is_best)
+        r.watchdog.beat()
     if not model.scored:
         raise UsageError(f"--data {r.cfg['data']['path']}: none of the {model.left_out} val images could be "
                          f"read (see the warnings), so there is no accuracy; the training is saved in "
@@ -349,6 +363,8 @@ def save_last_if_finite(r, saver):
         raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before step "
                               f"{r.state.step}: stopped; nothing saved after {saver.last}")
     saver.save_last(r.state.state_dict())
+    if r.watchdog is not None:
+        r.watchdog.beat()
 
 
 def stopped(r, saver, stop):
@@ -402,8 +418,10 @@ class EpochMeter:
             if self.sync_wait:
                 synchronize(r.device)
             start = time.perf_counter()
+            r.watchdog.phase = "data"
             with r.state.train_step.phase("data"):
                 batch = next(iterator, None)
+            r.watchdog.phase = None
             waited = time.perf_counter() - start
             self.wait_s += waited
             self.interval_wait_s += waited
@@ -496,6 +514,16 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
     r.state.train_step.train(freeze_bn=cfg["freeze_bn"])
     r.train_loader.sampler.set_epoch(r.state.epoch, r.state.step * r.cfg["data"]["batch_size"])
     meter = EpochMeter(r, run_start, sync_wait=r.breakdown is not None)
+    try:
+        train_steps(r, meter, stop, prof, after_step)
+    except StopRequested:  # during a wait for data: the last step's state is whole; the run ends
+        kill_loader_workers()  # now, and a stuck worker would hold the loader's shutdown
+    synchronize(r.device)
+    return meter
+
+
+def train_steps(r, meter, stop, prof, after_step):
+    cfg = r.cfg["train"]
     for images, labels in meter.batches(r.train_loader):
         loss = r.state.train_on(images, labels)
         if r.first_step_s is None:  # summary.json's first_step_s (ModelZoo's CompileTime)
@@ -505,6 +533,7 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
             r.compile_steps -= 1
             meter.leave_out_compile_step(last=r.compile_steps == 0)
         else:
+            r.watchdog.beat(steps_done(r))
             meter.add(loss)
             if r.state.step % cfg["log_every"] == 0 or r.state.step == r.steps or finished(r):
                 loss_mean = meter.interval_loss()
@@ -514,8 +543,6 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
         prof.step()
         if finished(r) or stop.should_stop():  # the same on every rank, so the reduction stays paired
             break
-    synchronize(r.device)
-    return meter
 
 
 def check_finite(r, loss_mean):
@@ -527,8 +554,25 @@ def check_finite(r, loss_mean):
 
 def validate(r):
     """{'': (top1, top5)} of the model, and {'EMA': ...} of its average when there is one."""
-    return {label: accuracy(net, r.state.batches(r.val_loader), r.state.train_step.precision.autocast, r.device)
+    return {label: accuracy(net, watched(r.state.batches(r.val_loader), r.watchdog),
+                            r.state.train_step.precision.autocast, r.device)
             for label, net in r.state.train_step.eval_nets().items()}
+
+
+def watched(batches, watchdog):
+    """``batches``, each a beat of the watchdog (when there is one), the wait for it its data phase."""
+    if watchdog is None:
+        yield from batches
+        return
+    iterator = iter(batches)
+    while True:
+        watchdog.phase = "data"
+        batch = next(iterator, None)
+        watchdog.phase = None
+        if batch is None:
+            return
+        watchdog.beat()
+        yield batch
 
 
 class Accuracy(NamedTuple):

@@ -55,13 +55,32 @@ def exit_code(action, run_dir=lambda: None):
         return report(f"error: {one_line(e)}", EXIT_FAILURE)
     except KeyboardInterrupt:  # a second Ctrl-C during a step (StopOnSignal)
         return report(STOPPED.format(name="SIGINT"), 128 + signal.SIGINT, echo=not os.environ.get(ERROR_DIR))
-    except Exception as e:  # noqa: BLE001 - a bug: the user gets one line, the traceback a file
+    except Exception as e:  # noqa: BLE001
+        if peer_left(e):
+            return report(f"error: rank {os.environ.get('RANK', '0')}: another process of the job ended while "
+                          f"this one waited for it ({one_line(e)[:200]}); this rank stops, nothing saved now "
+                          f"(the checkpoints written before stay valid: resume with --resume auto)", EXIT_FAILURE)
+        # a bug: the user gets one line, the traceback a file
         path = save_traceback(run_dir())
         return report(f"error: unexpected {type(e).__name__}: {one_line(e)[:300]} (a bug, or a failure "
                       f"the app does not handle; traceback in {path})", EXIT_FAILURE)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+# What torch.distributed's backends say when the process at the other end of a connection is gone.
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
+             "remote process exited", "Socket Timeout", "failed to recv, got 0 bytes")
+
+
+def peer_left(error):
+    """Whether ``error`` is a collective or store failing because another process of a job of
+    several ended (killed, crashed, stopped by its node), not a fault of this one."""
+    if int(os.environ.get("WORLD_SIZE", 1)) < 2:
+        return False
+    distributed = type(error).__module__.startswith("torch.distributed") or "Dist" in type(error).__name__
+    return (distributed or isinstance(error, RuntimeError)) and any(text in str(error) for text in PEER_GONE)
 
 
 def report(line, code, echo=True):
@@ -79,6 +98,14 @@ def report(line, code, echo=True):
         with contextlib.suppress(OSError):
             Path(folder, f"rank{int(rank):05d}").write_text(f"{code}\n{line}\n")
     return code
+
+
+def mark_started():
+    """Under the launcher: this worker's job has begun (so a lost rendezvous is a node that left)."""
+    folder = os.environ.get(ERROR_DIR)
+    if folder:
+        with contextlib.suppress(OSError):
+            Path(folder, f"started-rank{int(os.environ.get('RANK', '0')):05d}").touch()
 
 
 def save_traceback(folder):

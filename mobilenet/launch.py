@@ -63,9 +63,18 @@ def launch(torchrun, args, errors):
         return signalled(e.sigval.name, outcomes(errors), args)
     except ChildFailedError as e:
         print(e, file=sys.stderr)
-        failed = [(code, line) for code, line in outcomes(errors).values() if code]
-        if failed:  # the likely cause; the others failed because it left
+        said = outcomes(errors)
+        killed = sorted(rank for rank, failure in e.failures.items() if failure.exitcode < 0 and rank not in said)
+        failed = [(code, line) for code, line in said.values() if code and "another process of the job" not in line]
+        if killed:  # ended by a signal without a word: the cause; the others stopped because it left
+            rank = killed[0]
+            code, line = EXIT_FAILURE, (f"error: rank {rank} was killed by {e.failures[rank].signal_name()}, "
+                                        f"and the job stopped with it; the checkpoints written before stay "
+                                        f"valid (resume with --resume auto)")
+        elif failed:  # the likely cause; the others failed because it left
             code, line = failed[0]
+        elif said:
+            code, line = next(iter(said.values()))
         else:
             rank, failure = e.get_first_failure()
             ended = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
@@ -73,6 +82,11 @@ def launch(torchrun, args, errors):
         print(line, file=sys.stderr, flush=True)
         return code
     except RendezvousError as e:
+        if any(errors.glob("started-rank*")):  # the workers had run: a node left, not a set-up mistake
+            print(f"error: {node}: the rendezvous at {args.rdzv_endpoint} was lost after the job had started "
+                  f"(another node left, or the host serving it went away); the checkpoints written before "
+                  f"stay valid: start train.sh again on every node with --resume auto", file=sys.stderr, flush=True)
+            return EXIT_FAILURE
         if isinstance(e, RendezvousTimeoutError):
             what = f"the other nodes did not all arrive within {rendezvous_timeout(args)} s"
         else:

@@ -1,0 +1,208 @@
+"""The stall watchdog (train.stall_timeout): a process that makes no progress (a training step, a
+validation batch, a save) for that many seconds ends with one line that names what it waits for
+(the rank that stopped making steps, or a loader worker and the file it has open) and exit 1; the
+checkpoints written before stay valid and a resume continues from them. It also ends the process
+at a second stop signal, wherever the main thread is blocked.
+
+torch's own timeouts cannot say this: a collective's timeout fires in every waiting rank alike
+and names no culprit, and a DataLoader without a timeout waits for a stuck worker forever. So each
+process runs daemon threads: one publishes its (step, time) through torch.distributed's store
+every few seconds (the loop itself only writes two numbers: no device sync, no I/O), the other
+checks the clock and, on a stall, reads the others' progress (guarded: the store's host may be
+the process that hangs), says what it found and ends the process; one reads the signal wake-up
+pipe, which the C-level handler writes at once (Python's own handlers wait until the main thread
+is back from C, which a stuck collective or a stopped worker may never allow).
+"""
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, STOPPED, report
+
+PUBLISH_EVERY_S = 2.0
+STORE_ANSWER_S = 5.0  # how long the stalled process waits for the store before it says so
+KEY = "mobilenet/progress/{}"
+
+
+class Watchdog:
+    """``beat(step)`` after each unit of progress; ``phase`` names what the loop waits for
+    ("data" while it waits for a batch). Off when ``timeout`` is 0; the clock starts at the first
+    beat (so start-up and compiling steps, which do not beat, are not timed)."""
+
+    def __init__(self, timeout, world, data_path, checkpoints, stop_signals):
+        self.timeout, self.world = timeout, world
+        self.data_path, self.checkpoints = data_path, checkpoints
+        self.stop_signals = {int(s) for s in stop_signals}
+        self.step, self.last, self.phase = 0, None, None
+        self.stopped = threading.Event()
+
+    def __enter__(self):
+        self.wakeup_read, write = os.pipe()
+        os.set_blocking(write, False)
+        self.previous_wakeup = signal.set_wakeup_fd(write)
+        threading.Thread(target=self.count_signals, name="second-signal", daemon=True).start()
+        if self.timeout > 0:
+            threading.Thread(target=self.check, name="stall-watchdog", daemon=True).start()
+            if self.world.size > 1:
+                threading.Thread(target=self.publish, name="stall-progress", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        os.close(signal.set_wakeup_fd(self.previous_wakeup))
+
+    def count_signals(self):
+        """The second stop signal ends the process now, in one line (the first asks for a stop)."""
+        received = 0
+        while True:
+            try:
+                numbers = os.read(self.wakeup_read, 64)
+            except OSError:
+                return
+            if not numbers:  # __exit__ closed the write end
+                os.close(self.wakeup_read)
+                return
+            for number in numbers:
+                if number in self.stop_signals and not self.stopped.is_set():
+                    received += 1
+                    if received == 2:
+                        name = signal.Signals(number).name
+                        end_process(STOPPED.format(name=name), 128 + number,
+                                    echo=not os.environ.get(ERROR_DIR))
+
+    def beat(self, step=None):
+        if step is not None:
+            self.step = step
+        self.last = time.monotonic()
+
+    def publish(self):
+        """Every PUBLISH_EVERY_S: this rank's step, when it made it, that it is alive, and its phase."""
+        store = default_store()
+        while store is not None and not self.stopped.wait(PUBLISH_EVERY_S):
+            if self.last is not None:
+                now = time.time()
+                progress_at = now - (time.monotonic() - self.last)
+                store.set(KEY.format(self.world.rank), f"{self.step} {progress_at} {now} {self.phase or '-'}")
+
+    def check(self):
+        while not self.stopped.wait(min(1.0, self.timeout / 10)):
+            if self.last is not None and time.monotonic() - self.last > self.timeout:
+                self.fire()
+
+    def fire(self):
+        waited = time.monotonic() - self.last
+        line = (f"error: rank {self.world.rank} made no progress for {waited:.0f} s "
+                f"(train.stall_timeout {self.timeout:g}) after step {self.step}: {self.cause()}; the job "
+                f"stops, the checkpoints in {self.checkpoints} stay valid (resume with --resume auto)")
+        end_process(line, EXIT_FAILURE)
+
+    def cause(self):
+        """What this process waits for, as far as it can tell."""
+        if self.phase == "data":
+            return "it waits for a batch from the data loader; " + describe_workers(self.data_path)
+        if self.world.size == 1:
+            return "the training step itself does not return (the device, or a hung collective)"
+        before = read_progress(self.world.size)
+        time.sleep(2.5 * PUBLISH_EVERY_S)  # a live rank says so again meanwhile; a stopped one cannot
+        progress = read_progress(self.world.size) if before is not None else None
+        if progress is None:
+            return (f"the job's store does not answer within {STORE_ANSWER_S:g} s, so rank 0 (or the "
+                    f"launcher that hosts it) is stopped or gone")
+        now, others = time.time(), [rank for rank in range(self.world.size) if rank != self.world.rank]
+        silent = [rank for rank in others if rank not in progress or progress[rank][2] == before[rank][2]]
+        if silent:
+            return "; ".join(f"rank {rank} " + (f"stopped making steps at step {progress[rank][0]} and has not "
+                                                f"answered for {now - progress[rank][2]:.0f} s (stopped or gone)"
+                                                if rank in progress else
+                                                "has reported no progress (stopped or gone before its first report)")
+                             for rank in silent) + "; this rank waits for it"
+        waiting_for_data = [rank for rank in others if progress[rank][3] == "data"]
+        if waiting_for_data:
+            return (f"rank(s) {', '.join(map(str, waiting_for_data))} wait for their data loader (a loader "
+                    f"worker is stuck there); this rank waits for them")
+        return "every rank is alive and waits (a hung collective?)"
+
+
+def default_store():
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+def read_progress(size):
+    """{rank: (step, when it was made, when the rank last said it is alive, its phase)} that the ranks
+    published (unix times), or None if the store does not answer
+    in STORE_ANSWER_S (read in a thread of its own: a stopped host would block it for good)."""
+    store, found = default_store(), {}
+
+    def read():
+        for rank in range(size):
+            key = KEY.format(rank)
+            if store.check([key]):
+                step, progress_at, alive_at, phase = store.get(key).decode().split()
+                found[rank] = (int(step), float(progress_at), float(alive_at), phase)
+        found["done"] = True
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(STORE_ANSWER_S)
+    return {k: v for k, v in found.items() if k != "done"} if "done" in found else None
+
+
+def describe_workers(data_path):
+    """The loader workers that do not run (stopped, or waiting on the disk) and the data files
+    they have open, from /proc."""
+    states = {"T": "stopped", "t": "stopped", "D": "waiting on the disk", "Z": "dead"}
+    found = []
+    for child in multiprocessing.active_children():
+        state = proc_state(child.pid)
+        files = open_files(child.pid, data_path)
+        if state in states or files:
+            what = f"loader worker pid {child.pid} is {states.get(state, 'running')}"
+            found.append(what + (f", reading {files[0]}" if files else ""))
+    return "; ".join(found) if found else "no loader worker is stopped (a slow file system?)"
+
+
+def proc_state(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def open_files(pid, data_path):
+    """The files under ``data_path`` that process ``pid`` has open."""
+    root = os.path.realpath(str(data_path)) if data_path else None
+    files = []
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if root and target.startswith(root + os.sep):
+                files.append(target)
+    except OSError:
+        pass
+    return files
+
+
+def kill_loader_workers():
+    """SIGKILL to this process's loader workers (the run is ending): a stopped one ignores SIGTERM,
+    and Python's exit would wait for it forever. torch's SIGCHLD handler, which reports a worker's
+    death as an error, is set aside first (from the main thread; elsewhere the process ends at once)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in multiprocessing.active_children():
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def end_process(line, code, echo=True):
+    """Says ``line`` (and leaves it for the launcher), then ends this process and its workers at
+    once: the main thread may be blocked in C (a collective, a queue) where nothing else reaches it."""
+    report(line, code, echo=echo)
+    kill_loader_workers()
+    os._exit(code)

@@ -1,0 +1,139 @@
+"""A rank or a loader worker that stops (SIGSTOP, as a dead network file system or a hung card
+leaves it): the stall watchdog ends the job with one line that names it; a stop signal during such
+a wait is acted on at once; a second one always ends the process; a peer's death is not a bug."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import ROOT, as_from_a_shell, free_port, process_tree, start_two_ranks
+from mobilenet.checkpoint import load_checkpoint
+from test_cluster import rank_pid
+
+DEMO = ["--config", "configs/demo.yaml", "device=cpu", "data.cache_mb=0", "data.workers=1",
+        "train.log_every=1", "--epochs", "30"]
+
+
+def start(out, digits, *extra, env=None):
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *DEMO, "--data", str(digits),
+                             "--output", str(out), *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_from_a_shell, env=env)
+
+
+def wait_for_steps(proc, text="Epoch: [0][3/"):
+    for line in proc.stdout:
+        if line.startswith(text):
+            return
+    raise AssertionError(f"no {text!r}: {proc.stderr.read()[-2000:]}")
+
+
+def stop_the_loader_worker(proc):
+    workers = [pid for pid in process_tree(proc.pid) if pid != proc.pid]
+    assert len(workers) == 1, workers
+    os.kill(workers[0], signal.SIGSTOP)
+    return workers[0]
+
+
+def gone(pid, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_stuck_loader_worker_is_named_and_the_run_ends(tmp_path, digits):
+    proc = start(tmp_path / "run", digits, "train.stall_timeout=4")
+    wait_for_steps(proc)
+    worker = stop_the_loader_worker(proc)
+    stopped_at = time.monotonic()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and time.monotonic() - stopped_at < 4 + 10, stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("error: rank 0 made no progress for ") and "(train.stall_timeout 4)" in line
+    assert f"waits for a batch from the data loader; loader worker pid {worker} is stopped" in line
+    assert "stay valid (resume with --resume auto)" in line
+    assert gone(worker)  # not left stopped behind
+
+
+def test_a_stop_signal_while_a_worker_is_stuck_saves_at_once(tmp_path, digits):
+    out = tmp_path / "run"
+    proc = start(out, digits, "train.stall_timeout=0")
+    wait_for_steps(proc)
+    worker = stop_the_loader_worker(proc)
+    time.sleep(1.5)  # the prefetched batches are used up: the loop waits for the stopped worker
+    proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and time.monotonic() - signalled < 10, stderr
+    line = [entry for entry in stdout.splitlines() if entry.startswith("SIGTERM: stopped at epoch 0 step")]
+    assert line and "saved" in line[0], stdout[-2000:]
+    step = int(line[0].split("step ")[1].split(",")[0])
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == step
+    assert gone(worker)
+
+
+def start_modelzoo_ranks(out, digits, *extra):
+    """Two processes of a --distributed job, started as ModelZoo's 8-card script starts its own."""
+    env = {**os.environ, "RANK_SIZE": "2", "MASTER_PORT": str(free_port())}
+    return [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *DEMO, "data.workers=0", "--data",
+                              str(digits), "--output", str(out), "--distributed", *extra], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             preexec_fn=as_from_a_shell, env={**env, "RANK_ID": str(rank)})
+            for rank in (0, 1)]
+
+
+def test_a_stopped_rank_is_named_by_the_others(tmp_path, digits):
+    ranks = start_modelzoo_ranks(tmp_path / "run", digits, "train.stall_timeout=6")
+    try:
+        wait_for_steps(ranks[0], "Epoch: [1][5/")  # after the ranks' first progress reports
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        _, stderr = ranks[0].communicate(timeout=90)
+        assert ranks[0].returncode == 1 and time.monotonic() - stopped_at < 6 + 20, stderr
+        line = stderr.strip().splitlines()[-1]
+        assert line.startswith("error: rank 0 made no progress for ") and "rank 1 stopped making steps at step" in line
+        assert "this rank waits for it" in line, line
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_second_ctrl_c_ends_a_rank_blocked_in_a_collective(tmp_path, digits):
+    ranks = start_modelzoo_ranks(tmp_path / "run", digits, "train.stall_timeout=0")
+    try:
+        wait_for_steps(ranks[0])
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        time.sleep(1.5)  # rank 0 now waits in the step's all-reduce for rank 1
+        ranks[0].send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        ranks[0].send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        _, stderr = ranks[0].communicate(timeout=60)
+        assert ranks[0].returncode == 128 + signal.SIGINT and time.monotonic() - signalled < 10, stderr
+        assert stderr.strip().splitlines()[-1] == "SIGINT: stopped, nothing saved now (checkpoints written before stay valid)"
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_killed_rank_is_named_and_no_survivor_reports_a_bug(tmp_path):
+    out = tmp_path / "run"
+    proc = start_two_ranks(out)
+    for line in proc.stdout:
+        if line.startswith("Epoch: [0][9/"):
+            os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+            break
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("error: rank 1 was killed by SIGKILL, and the job stopped")
+    assert "a bug" not in stderr and not list(out.glob("traceback-*"))
