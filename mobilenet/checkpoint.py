@@ -7,13 +7,15 @@ files and theirs load through the same code; ours add step, scheduler, amp, ema,
 import fcntl
 import io
 import os
+import pickle
+import re
 import socket
 import time
 from pathlib import Path
 
 import torch
 
-from mobilenet.errors import TrainingFailure, UsageError
+from mobilenet.errors import TEMPORARIES, TrainingFailure, UsageError
 
 
 def serialize(obj):
@@ -30,6 +32,7 @@ def save_atomic(data, path, what="the checkpoint"):
     path = Path(path)
     data = data if isinstance(data, bytes) else serialize(data)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    TEMPORARIES.add(tmp)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
@@ -42,6 +45,8 @@ def save_atomic(data, path, what="the checkpoint"):
         tmp.unlink(missing_ok=True)
         kept = f"the previous {path.name} is intact" if path.exists() else "nothing was saved there"
         raise TrainingFailure(f"{path}: cannot save {what} ({e.strerror or e}); {kept}") from None
+    finally:
+        TEMPORARIES.discard(tmp)
 
 
 def fsync_dir(folder):
@@ -58,12 +63,23 @@ def load_checkpoint(path):
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such checkpoint") from None
+    except pickle.UnpicklingError as e:  # weights_only: the file holds Python objects beyond tensors
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"a {found.group(1)} object" if found else "Python objects beyond tensors and plain values"
+        raise UsageError(f"{path}: not a checkpoint this app loads: it holds {what}, which a safe load "
+                         f"(torch.load weights_only) refuses; save its tensors and numbers as plain values") from None
     except Exception as e:  # torch raises several types for truncated or non-torch files
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"{path}: not a readable checkpoint ({reason[:120]})") from None
+        raise UsageError(f"{path}: not a readable checkpoint ({plain_reason(e)})") from None
     if not isinstance(checkpoint, dict):
         raise UsageError(f"{path}: not a checkpoint dict")
     return checkpoint
+
+
+def plain_reason(error, limit=120):
+    """An error's first line, without terminal escapes, cut at a word within ``limit`` characters."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 class CheckpointSaver:

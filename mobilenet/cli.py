@@ -299,7 +299,10 @@ def flag_settings(args, folder, processes):
                 continue
             value = coerce_setting(key, value, origin)
             if key in chosen and chosen[key][0] != value:
-                raise UsageError(f"{chosen[key][1]} and {origin} contradict each other ({key}); give one")
+                hint = (f" (a setting is key.sub=value: '{value}' reads as the data folder)"
+                        if origin == "DIR (positional)" else "")
+                raise UsageError(f"{chosen[key][1]} {chosen[key][0]!r} and {origin} {value!r} contradict each "
+                                 f"other ({key}); give one{hint}")
             chosen[key] = (value, origin)
         if note:
             notes.append(note)

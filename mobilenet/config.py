@@ -91,6 +91,8 @@ DEFAULTS = {
         "compile": "auto",         # torch.compile the model and the optimizer step (inductor with
                                    # CUDA graphs on cuda, inductor on cpu, torchair on npu); auto: on
                                    # for cuda when compiling is a small share of the run (derived)
+        "resume_next_epoch": False,  # a checkpoint written mid-epoch resumes at the start of the next
+                                   # epoch (the rest of its epoch is skipped): for data that changed
         "stall_timeout": 900.0,    # >0: a process without progress (a step, a validation batch, a
                                    # save) this many seconds ends, naming the rank or loader worker
                                    # it waits for (mobilenet.watchdog); 0: off

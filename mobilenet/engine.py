@@ -17,7 +17,7 @@ from mobilenet import checkpoint as ckpt
 from mobilenet.amp import bf16_hint
 from mobilenet.config import thaw
 from mobilenet.data import build_datasets, build_loaders
-from mobilenet.data.datasets import WorkerSignals, unreadable_flags
+from mobilenet.data.datasets import WorkerSignals, data_record, unreadable_flags
 from mobilenet.device import cpu_bf16_features, describe, open_device, peak_memory_mb, synchronize
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
                                    from_rank0, host_group, init_process_group, world_from_env)
@@ -186,6 +186,7 @@ def build_run(cfg, world, device):
     limit = cfg["train"]["max_steps_per_epoch"]
     steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
     state = TrainingState(cfg, device, steps)
+    state.data = {"train": data_record(train_set), "val": data_record(val_set)}
     optim = cfg["optim"]
     log.info(f"device {describe(device)}, {world.size} process(es); optimizer "
              f"{describe_optimizer(optim['name'], derived['optimizer_implementation'])}; amp {cfg['amp']['level']} "
@@ -614,9 +615,8 @@ def restore(r, resume, fallback=None, evaluate_only=False):
         return
     r.resumed = r.state.load_state_dict(state, path)
     r.log.info(f"resumed from {path} (epoch {r.state.epoch}, step {r.state.step})")
-    changes = r.state.changes_since(state)
-    if changes:
-        r.log.info(f"note: {changes}")
+    for change in r.state.changes_since(state):
+        r.log.info(f"note: {change}")
 
 
 def choose_checkpoint(r, resume, fallback, evaluate_only):

@@ -20,6 +20,9 @@ EXIT_USAGE, EXIT_FAILURE = 2, 1
 # there, so the launcher can print the line last, below torchrun's report.
 ERROR_DIR = "MOBILENET_ERROR_DIR"
 STOPPED = "{name}: stopped, nothing saved now (checkpoints written before stay valid)"
+# Files being written through a temporary name (checkpoint.save_atomic): a process that ends at
+# once on a signal removes them first.
+TEMPORARIES = set()
 
 
 class UsageError(Exception):
@@ -35,6 +38,9 @@ def exit_at_once(signum, frame):
     scan): nothing to save, so the process ends now, in one line. Not an exception: one raised in
     the middle of an import leaves that module half-built and surfaces as another error."""
     name = signal.Signals(signum).name
+    for path in list(TEMPORARIES):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     os._exit(report(STOPPED.format(name=name), 128 + signum, echo=not os.environ.get(ERROR_DIR)))

@@ -5,6 +5,7 @@ progress lines ``Epoch: [e][s/n] ...`` carry the epoch's running img/s as field 
 interval's loss as field 14; validation lines `` * Prec@1 X Prec@5 Y`` the top-1 as field 3. No
 other line contains ``img/s`` or ``Epoch:``.
 """
+import errno
 import json
 import os
 import sys
@@ -56,6 +57,18 @@ def quiet_writer_errors(args, default=threading.excepthook):
         default(args)
 
 
+def write_failure(run_dir, error):
+    """The line for metrics that cannot be written: why, what was saved, what to do."""
+    if not run_dir.is_dir():
+        return (f"{run_dir}: the run directory was removed while the run wrote to it; stopped (nothing more "
+                f"can be saved there)")
+    saved = ("the checkpoints saved before are intact" if (run_dir / "checkpoints" / "last.pt").exists()
+             else "no checkpoint had been saved yet")
+    fix = ("free some space and resume with --resume auto" if error.errno in (errno.ENOSPC, errno.EDQUOT)
+           else "resume with --resume auto once it can be written")
+    return f"{run_dir / 'metrics.jsonl'}: cannot write the metrics ({error.strerror}); stopped, {saved}; {fix}"
+
+
 class RunLogger:
     """Console lines from rank 0 (``enabled=False``: none), and, once ``start()`` is called (after
     the run has checked it can resume), metrics.jsonl and TensorBoard event files in ``run_dir``."""
@@ -101,10 +114,8 @@ class RunLogger:
             for name, value in values.items():  # raises what TensorBoard's writer thread met
                 if name != "epoch":
                     self.tensorboard.add_scalar(f"{kind}/{name}", value, step)
-        except OSError as e:  # a full disk: stop while the last checkpoint is still good
-            raise TrainingFailure(f"{self.run_dir / 'metrics.jsonl'}: cannot write the metrics "
-                                  f"({e.strerror}); stopped, the checkpoints saved before are intact; "
-                                  f"free some space and resume with --resume auto") from None
+        except OSError as e:  # a full disk, say: stop while the last checkpoint is still good
+            raise TrainingFailure(write_failure(self.run_dir, e)) from None
 
     def close(self):
         if self.metrics is not None:

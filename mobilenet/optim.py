@@ -99,11 +99,12 @@ def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight
 
 
 def hold_lr_in_tensors(optimizer):
-    """Each group's LR as a 0-dim tensor on its parameters' device, which the LR scheduler then
+    """Each group's LR as a 0-dim tensor on its parameters' device, in their dtype, which the LR scheduler then
     updates in place: a compiled optimizer step reads it instead of baking a float into its code
     and recompiling at every change (torch's recipe for compiled optimizers)."""
     for group in optimizer.param_groups:
-        group["lr"] = torch.tensor(float(group["lr"]), device=group["params"][0].device)
+        first = group["params"][0]
+        group["lr"] = torch.tensor(float(group["lr"]), device=first.device, dtype=first.dtype)
 
 
 def plain_numbers(state):

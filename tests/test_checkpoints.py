@@ -277,3 +277,93 @@ def test_a_run_is_not_trained_over_unless_asked(two_epochs, digits, capsys):
     records = [json.loads(line) for line in (two_epochs / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["kind"] == "val"] == [0]  # the old run's records are gone
     assert not (two_epochs / "checkpoints" / "epoch_002.pt").exists()
+
+
+def copy_of(digits, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(digits, data)
+    return data
+
+
+def test_data_that_changed_under_a_mid_epoch_stop_is_refused_or_said(tmp_path, digits, capsys):
+    """The checkpoint records what the data was; a resume mid-epoch on other data is refused (it
+    would continue another epoch), with a way to go on; where it can continue it says what changed."""
+    data, out = copy_of(digits, tmp_path), tmp_path / "run"
+    assert run(data, out, "--epochs", "2", "train.max_steps=6") == 0  # stops at epoch 1, step 2
+    recorded = load_checkpoint(out / "checkpoints" / "last.pt")["data"]
+    assert recorded["train"]["images"] == 1437 and len(recorded["train"]["fingerprint"]) == 40
+    removed = sorted((data / "train" / "3").iterdir())
+    for path in removed[: len(removed) // 2]:
+        path.unlink()
+    capsys.readouterr()
+    assert run(data, out, "--epochs", "2", "--resume", "auto") == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    kept = 1437 - len(removed) // 2
+    assert len(error) == 1 and (f"stopped mid-epoch (epoch 1, step 2) on other data (train: 1437 images then, "
+                                f"{kept} now)") in error[0] and "train.resume_next_epoch=true" in error[0]
+    assert run(data, out, "--epochs", "3", "--resume", "auto", "train.resume_next_epoch=true") == 0
+    said = capsys.readouterr().out
+    assert f"note: the data changed since the checkpoint: train: 1437 images then, {kept} now" in said
+    assert "train.resume_next_epoch: the rest of epoch 1 (from step 2) is skipped; training goes on at epoch 2" in said
+    state = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert (state["epoch"], state["step"]) == (3, 0) and state["data"]["train"]["images"] == kept
+
+
+def test_a_checkpoint_without_a_data_record_resumes_with_a_note(tmp_path, digits, capsys):
+    out = tmp_path / "run"
+    assert run(digits, out, "--epochs", "2", "train.max_steps=6") == 0
+    state = load_checkpoint(out / "checkpoints" / "last.pt")
+    del state["data"]  # as main before the record wrote them
+    torch.save(state, out / "checkpoints" / "last.pt")
+    capsys.readouterr()
+    assert run(digits, out, "--epochs", "2", "--resume", "auto") == 0
+    assert "whether the data changed could not be checked" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key,value,expected", [("epoch", "1", "a whole number"), ("step", -3, "a whole number"),
+                                                ("best_prec1", None, "a number"), ("rng", [], "random generators")])
+def test_a_malformed_field_is_not_a_checkpoint_this_app_can_resume(two_epochs, digits, capsys, tmp_path, key,
+                                                                   value, expected):
+    state = load_checkpoint(two_epochs / "checkpoints" / "last.pt")
+    state[key], state["mystery"] = value, 1
+    path = tmp_path / "bad.pt"
+    torch.save(state, path)
+    capsys.readouterr()
+    assert run(digits, tmp_path / "resumed", "--epochs", "3", "--resume", str(path)) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"not a checkpoint this app can resume: its '{key}' is" in error[0]
+    assert expected in error[0] and "model.pretrained=" in error[0]
+
+
+def test_unknown_keys_are_said_and_numpy_values_refused_in_plain_words(two_epochs, digits, capsys, tmp_path):
+    import numpy as np
+    state = load_checkpoint(two_epochs / "checkpoints" / "last.pt")
+    state["mystery"] = 1
+    torch.save(state, tmp_path / "extra.pt")
+    capsys.readouterr()
+    assert run(digits, tmp_path / "a", "--epochs", "3", "--resume", str(tmp_path / "extra.pt")) == 0
+    assert "note: the checkpoint's keys mystery are not this app's; ignored" in capsys.readouterr().out
+    state["epoch"] = np.int64(2)
+    torch.save(state, tmp_path / "numpy.pt")
+    assert run(digits, tmp_path / "b", "--epochs", "3", "--resume", str(tmp_path / "numpy.pt")) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\x1b" not in error and error.endswith("save its tensors and numbers as plain values")
+    assert "holds a numpy." in error and len(error.splitlines()) == 1
+
+
+def test_a_bug_writes_its_traceback_to_the_run_directory_and_one_line(tmp_path, digits, capsys, monkeypatch):
+    """What no test could make happen otherwise: an error the app does not know, raised inside a
+    run, as a bug would be (injected into the loop's step)."""
+    from mobilenet import training
+
+    def broken(self, images, labels):
+        raise ZeroDivisionError("injected")
+    monkeypatch.setattr(training.TrainingState, "train_on", broken)
+    out = tmp_path / "run"
+    assert run(digits, out, "--epochs", "1") == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    path = out / "traceback-rank0.txt"
+    assert error == [f"error: unexpected ZeroDivisionError: injected (a bug, or a failure the app does not "
+                     f"handle; traceback in {path})"]
+    assert "in broken" in path.read_text() and "in train_steps" in path.read_text()
+    assert path.read_text().strip().endswith("ZeroDivisionError: injected")

@@ -22,12 +22,13 @@ def steps_of(compile_, impl, level, batches):
         "amp.dtype=bfloat16", "amp.backend=native",
         *(["optim.impl=fused"] if impl == "fused" else ["optim.foreach=false"])]))
     torch.manual_seed(0)
-    step = build_train_step(cfg, torch.device("cpu"))
     dtype = torch.float64 if level == "O0" else torch.float32
-    step.net.to(dtype)  # in place: the optimizer keeps its parameters
-    for group in step.optimizer.param_groups:
-        if compile_:  # the compiled step's LR tensor, in the parameters' precision
-            group["lr"] = torch.tensor(0.01, dtype=dtype)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # the model is built in it, and the app's LR tensors follow it
+    try:
+        step = build_train_step(cfg, torch.device("cpu"))
+    finally:
+        torch.set_default_dtype(default)
     step.train()
     losses = [float(step(images.to(dtype), labels)) for images, labels in batches]
     return step, losses
@@ -55,7 +56,7 @@ def test_the_lr_schedule_reaches_the_compiled_optimizer_without_recompiling():
     batch = (torch.randn(16, 3, 32, 32, generator=generator), torch.randint(0, 10, (16,), generator=generator))
     step, _ = steps_of(True, "fused", "O1", [batch] * 2)
     lr = step.optimizer.param_groups[0]["lr"]
-    assert isinstance(lr, torch.Tensor)
+    assert isinstance(lr, torch.Tensor) and lr.dtype == torch.float32  # build_train_step made it
     scheduler = torch.optim.lr_scheduler.LambdaLR(step.optimizer, lambda i: 1 / (i + 1))
     compiled_before = counters["stats"]["unique_graphs"]
     weights = step.net.fc.weight.detach().clone()

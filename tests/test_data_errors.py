@@ -152,3 +152,28 @@ def test_class_set_mismatch_names_the_classes(tmp_path, digits, capsys):
     assert code == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "not in val: 3;" in error[0] and "only in val: x9" in error[0]
+
+
+def test_links_back_up_the_tree_are_read_once(tmp_path, digits, capsys):
+    """A link to the parent folder (a loop) and one into another class: each real folder is read
+    once, under its own class, with one warning line; the set keeps its 1,437 train images."""
+    import shutil
+    data = tmp_path / "data"
+    shutil.copytree(digits, data)
+    (data / "train" / "0" / "up").symlink_to("..")
+    (data / "train" / "0" / "three").symlink_to(data / "train" / "3")
+    (data / "train" / "1" / "again.jpg").symlink_to(next((data / "train" / "1").iterdir()))
+    assert train.main(["--config", "configs/demo.yaml", "--data", str(data), "--output", str(tmp_path / "run"),
+                       *TINY, "train.max_steps=1", "--epochs", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "1437 train / 360 val images" in captured.out
+    warnings = [line for line in captured.err.splitlines() if "reached again through a link" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {data / 'train'}: 2 folder(s)")
+
+
+def test_a_data_path_the_system_refuses_is_one_line(tmp_path):
+    from conftest import run_train
+    result = run_train("--data", "/tmp/" + "x" * 300, "--output", tmp_path / "run", *TINY)
+    assert result.returncode == 2 and result.stderr.strip().endswith("File name too long"), result.stderr
+    assert result.stderr.strip().startswith("error: --data /tmp/xxx") and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "traceback-rank0.txt").exists()

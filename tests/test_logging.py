@@ -67,3 +67,23 @@ def test_running_img_per_s_leaves_out_the_first_interval(logged_run):
     assert len(lines) == len(rates) == 4
     for line, rate in zip(lines, rates):
         assert float(line.split()[8]) == pytest.approx(rate, abs=0.051), line
+
+
+def test_a_run_directory_removed_mid_run_is_named_as_such(tmp_path, digits):
+    import shutil
+    import subprocess
+    import sys
+    from conftest import ROOT, TINY
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--config", "configs/demo.yaml", "--data",
+                             str(digits), "--output", str(out), *TINY, "train.log_every=1", "--epochs", "30"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("Epoch:"):
+            out.rename(tmp_path / "gone")  # as rm -r: the path no longer leads to the run's files
+            shutil.rmtree(tmp_path / "gone", ignore_errors=True)
+            break
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert stderr.strip().splitlines()[-1] == (f"error: {out}: the run directory was removed while the run wrote "
+                                               f"to it; stopped (nothing more can be saved there)")

@@ -236,3 +236,24 @@ def test_ctrl_c_during_start_up_under_torchrun_is_one_line(tmp_path):
     assert proc.returncode == 130, stderr[-3000:]
     assert ours == ["SIGINT: stopped, nothing saved now (checkpoints written before stay valid)"], stderr[-3000:]
     assert "Epoch:" not in stdout
+
+
+def test_a_signal_during_an_atomic_write_leaves_no_temporary_file(tmp_path):
+    """SIGTERM in start-up ends the process at once (errors.exit_at_once); a file half-written
+    through its temporary name (config.yaml, a checkpoint) must not stay behind."""
+    code = f"""
+import os, signal
+from pathlib import Path
+from mobilenet import checkpoint
+from mobilenet.errors import exit_at_once
+signal.signal(signal.SIGTERM, exit_at_once)
+def write(self, data):
+    os.kill(os.getpid(), signal.SIGTERM)  # arrives while the temporary file is open
+    return len(data)
+import io
+checkpoint.open = lambda path, mode: type("F", (io.FileIO,), {{"write": write}})(path, mode)
+checkpoint.save_atomic(b"x" * 10, Path({str(tmp_path / "config.yaml")!r}), "the config")
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -1,5 +1,6 @@
 """Datasets (ImageFolder of files, synthetic images, the digits demo) and their loaders."""
 import contextlib
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -60,6 +61,31 @@ class ImageFolderRGB(datasets.ImageFolder):
         self.lock = multiprocessing.Lock()
         self.cache = self.preload(cache_mb * 2**20) if cache_mb else {}
 
+    @staticmethod
+    def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
+        """torchvision's scan (the same samples in the same order), except that it follows each real
+        folder once: its os.walk(followlinks=True) has no loop check, so a link to a parent folder
+        re-read the whole tree, labelling other classes' images with this one's. A folder reached
+        again through a link (a loop, or a second way in) is said in one warning line and skipped;
+        a file reached twice (a link to it, a hard link) counts once."""
+        valid = is_valid_file or (lambda path: datasets.folder.has_file_allowed_extension(path, extensions))
+        seen_folders = {folder_id(directory)} | {folder_id(os.path.join(directory, c)) for c in class_to_idx}
+        seen_files, again, samples = set(), [], []
+        for name in sorted(class_to_idx):
+            top = os.path.join(directory, name)
+            seen_folders.discard(folder_id(top))  # its own class reads it; links from others do not
+            for folder, files in sorted(scan_once(top, seen_folders, seen_files, again)):
+                samples += [(os.path.join(folder, f), class_to_idx[name]) for f in sorted(files)
+                            if valid(os.path.join(folder, f))]
+        if again:
+            print(f"warning: {directory}: {len(again)} folder(s) reached again through a link, skipped (a loop, "
+                  f"or a second way into one folder), e.g. {again[0]}; each real folder is read once",
+                  file=sys.stderr, flush=True)
+        empty = set(class_to_idx) - {Path(path).relative_to(directory).parts[0] for path, _ in samples}
+        if empty and not allow_empty:
+            raise FileNotFoundError(f"Found no valid file for the classes {', '.join(sorted(empty))}")
+        return samples
+
     def preload(self, budget):
         """{index: EncodedImage with its full-scale pixels} for the first files that fit in
         ``budget`` bytes (data.cache_mb), read and decoded now, before the loader's workers fork
@@ -116,6 +142,55 @@ class ImageFolderRGB(datasets.ImageFolder):
         raise UsageError(f"{self.root}: no readable image")
 
 
+def folder_id(path):
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
+
+
+def scan_once(top, seen_folders, seen_files, again):
+    """[(folder, [file names])] of ``top`` and the folders below it, links followed, each real
+    folder (by device and inode) and each real file once; a folder met again goes to ``again``."""
+    found, todo = [], [top]
+    while todo:
+        folder = todo.pop()
+        key = folder_id(folder)
+        if key in seen_folders:
+            again.append(folder)
+            continue
+        seen_folders.add(key)
+        files = []
+        with os.scandir(folder) as listing:
+            entries = sorted(listing, key=lambda entry: entry.name, reverse=True)  # popped in order
+        for entry in entries:
+            try:
+                if entry.is_dir():  # a link to a folder too
+                    todo.append(entry.path)
+                    continue
+                info = entry.stat() if entry.is_symlink() else None
+                file_key = (info.st_dev, info.st_ino) if info else (key[0], entry.inode())
+            except OSError:  # a broken or looping link: the loader warns when it reads it
+                files.append(entry.name)
+                continue
+            if file_key not in seen_files:
+                seen_files.add(file_key)
+                files.append(entry.name)
+        found.append((folder, files))
+    return found
+
+
+def data_record(dataset):
+    """{"images": N, "fingerprint": hex} of a dataset, for checkpoints: a resume compares them to
+    tell whether the data changed (a hash of the file list and labels; of the settings for
+    synthetic images), without reading any image."""
+    digest = hashlib.sha1()
+    if isinstance(dataset, SyntheticImages):
+        digest.update(f"synthetic {dataset.size} {tuple(dataset.images.shape)} {dataset.num_classes}".encode())
+    else:
+        for path, label in dataset.samples:
+            digest.update(f"{os.path.relpath(path, dataset.root)}\t{label}\n".encode())
+    return {"images": len(dataset), "fingerprint": digest.hexdigest()}
+
+
 def unreadable_flags(dataset):
     """One flag per file of ``dataset``: true for the files found unreadable (none: synthetic)."""
     return getattr(dataset, "unreadable", torch.zeros(0, dtype=torch.bool))
@@ -143,7 +218,11 @@ class SyntheticImages(Dataset):
 
 def image_folder(root, subset, transform, strict, leave_out=None, cache_mb=0):
     folder = Path(root) / subset
-    if not folder.is_dir():
+    try:
+        found = folder.is_dir()
+    except OSError as e:  # a name too long, a permission: the path itself is the problem
+        raise UsageError(f"--data {root}: {e.strerror}") from None
+    if not found:
         raise UsageError(f"--data {root}: no '{subset}' folder (expected {root}/{subset}/<class>/*.JPEG)")
     try:
         return ImageFolderRGB(folder, transform, strict, leave_out, cache_mb)
