@@ -71,3 +71,12 @@ def test_an_overflow_step_leaves_weights_and_momentum_unchanged_on_cuda(implemen
     found_inf; the app relies on it leaving everything as it was (checked on cpu in test_amp)."""
     before, after = overflow_leaves_the_state(torch.device("cuda"), implementation)
     assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_device_id_picks_the_card_of_a_single_process(tmp_path, digits):
+    """ModelZoo's --device_id N on a machine with cards: this one process trains on cuda:N."""
+    last = torch.cuda.device_count() - 1
+    summary = train_digits(digits, tmp_path / "run", f"--device_id={last}", "--epochs", "1",
+                           "train.max_steps=2")
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert summary["device"] == "cuda" and f"device_id: {last}" in config
