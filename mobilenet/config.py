@@ -419,6 +419,9 @@ def check_combinations(cfg, derived):
     if cfg["train"]["ema_decay"] > 0 and cfg["amp"]["level"] == "O2":
         raise UsageError("train.ema_decay: an average of half-precision weights loses the small "
                          "updates; use amp O0 or O1 with EMA")
+    if 0 < cfg["train"]["stall_timeout"] < 1:
+        raise UsageError(f"train.stall_timeout={cfg['train']['stall_timeout']:g}: give 0 (no watchdog) or at "
+                         f"least 1 second; the run would end between two steps")
     if cfg["optim"]["nesterov"] and cfg["optim"]["momentum"] == 0:
         raise UsageError("optim.nesterov=true needs optim.momentum > 0")
     if cfg["schedule"]["min_lr"] > derived["lr"]:
