@@ -63,11 +63,13 @@ def load_checkpoint(path):
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such checkpoint") from None
-    except pickle.UnpicklingError as e:  # weights_only: the file holds Python objects beyond tensors
+    except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL ([\w.]+)", str(e))
-        what = f"a {found.group(1)} object" if found else "Python objects beyond tensors and plain values"
-        raise UsageError(f"{path}: not a checkpoint this app loads: it holds {what}, which a safe load "
-                         f"(torch.load weights_only) refuses; save its tensors and numbers as plain values") from None
+        if not found:  # a damaged file (weights_only reports that as an unpickling error too)
+            raise UsageError(f"{path}: not a readable checkpoint ({plain_reason(e)})") from None
+        raise UsageError(f"{path}: not a checkpoint this app loads: it holds a {found.group(1)} object, which "
+                         f"a safe load (torch.load weights_only) refuses; save its tensors and numbers as "
+                         f"plain values") from None
     except Exception as e:  # torch raises several types for truncated or non-torch files
         raise UsageError(f"{path}: not a readable checkpoint ({plain_reason(e)})") from None
     if not isinstance(checkpoint, dict):

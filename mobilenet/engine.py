@@ -73,7 +73,7 @@ class StopRequested(BaseException):
 class StopOnSignal:
     """SIGTERM/SIGINT/SIGHUP (stop_signals), to this process, its group or every process of the
     job (torchrun, Slurm and container runtimes differ), ask the run to stop after the current
-    step, or at once when it waits for data (StopRequested); a second one ends the process
+    step, or at once when it waits for data (StopRequested); a second Ctrl-C ends the process
     (mobilenet.watchdog, which hears it wherever the main thread is blocked). Once the run saves
     (``saving()``), further signals are ignored until the process ends: the save completes and the
     exit code says so. The loader's workers outlive the signals meanwhile (WorkerSignals), so the
@@ -266,7 +266,7 @@ def fit(r):
         if periodic.due():
             save_last_if_finite(r, saver)
     r.watchdog = Watchdog(cfg["train"]["stall_timeout"], r.world, cfg["data"]["path"],
-                          Path(cfg["output"]) / "checkpoints", stop_signals())
+                          Path(cfg["output"]) / "checkpoints")
     with r.watchdog, StopOnSignal(r.world, r.watchdog) as stop, r.worker_signals.protect(), trace as prof:
         while not finished(r):
             meter = train_one_epoch(r, stop, prof, run_start, save_if_due)
@@ -567,7 +567,7 @@ def watched(batches, watchdog):
         return
     iterator = iter(batches)
     while True:
-        watchdog.phase = "data"
+        watchdog.phase = "val-data"  # not "data": a stop signal waits for the end of validation
         batch = next(iterator, None)
         watchdog.phase = None
         if batch is None:

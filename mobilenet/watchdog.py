@@ -29,13 +29,13 @@ KEY = "mobilenet/progress/{}"
 
 class Watchdog:
     """``beat(step)`` after each unit of progress; ``phase`` names what the loop waits for
-    ("data" while it waits for a batch). Off when ``timeout`` is 0; the clock starts at the first
-    beat (so start-up and compiling steps, which do not beat, are not timed)."""
+    ("data" while training waits for a batch, "val-data" while validation does). Off when
+    ``timeout`` is 0; the clock starts at the first beat (so start-up and compiling steps, which
+    do not beat, are not timed)."""
 
-    def __init__(self, timeout, world, data_path, checkpoints, stop_signals):
+    def __init__(self, timeout, world, data_path, checkpoints):
         self.timeout, self.world = timeout, world
         self.data_path, self.checkpoints = data_path, checkpoints
-        self.stop_signals = {int(s) for s in stop_signals}
         self.step, self.last, self.phase = 0, None, None
         self.stopped = threading.Event()
 
@@ -55,7 +55,9 @@ class Watchdog:
         os.close(signal.set_wakeup_fd(self.previous_wakeup))
 
     def count_signals(self):
-        """The second stop signal ends the process now, in one line (the first asks for a stop)."""
+        """The second SIGINT (Ctrl-C) ends the process now, in one line; the first asks for a stop.
+        Only SIGINT: a SIGTERM often arrives twice for one request (Slurm signals every process of
+        the step and torchrun passes its own on), and must still let the run save."""
         received = 0
         while True:
             try:
@@ -66,7 +68,7 @@ class Watchdog:
                 os.close(self.wakeup_read)
                 return
             for number in numbers:
-                if number in self.stop_signals and not self.stopped.is_set():
+                if number == signal.SIGINT and not self.stopped.is_set():
                     received += 1
                     if received == 2:
                         name = signal.Signals(number).name
@@ -101,7 +103,7 @@ class Watchdog:
 
     def cause(self):
         """What this process waits for, as far as it can tell."""
-        if self.phase == "data":
+        if self.phase in ("data", "val-data"):
             return "it waits for a batch from the data loader; " + describe_workers(self.data_path)
         if self.world.size == 1:
             return "the training step itself does not return (the device, or a hung collective)"
@@ -119,7 +121,7 @@ class Watchdog:
                                                 if rank in progress else
                                                 "has reported no progress (stopped or gone before its first report)")
                              for rank in silent) + "; this rank waits for it"
-        waiting_for_data = [rank for rank in others if progress[rank][3] == "data"]
+        waiting_for_data = [rank for rank in others if progress[rank][3] in ("data", "val-data")]
         if waiting_for_data:
             return (f"rank(s) {', '.join(map(str, waiting_for_data))} wait for their data loader (a loader "
                     f"worker is stuck there); this rank waits for them")

@@ -103,8 +103,8 @@ def test_a_second_live_run_on_the_same_output_is_refused(tmp_path, digits, capfd
     error = capfd.readouterr().err.strip().splitlines()
     assert len(error) == 1 and f"--output {out}: another run is using it (pid {first.pid} on" in error[0]
     first.send_signal(signal.SIGTERM)  # the first run is unharmed: it stops and saves as usual
-    stdout, _ = first.communicate(timeout=60)
-    assert first.returncode == 0 and "SIGTERM: stopped" in stdout
+    stdout, stderr = first.communicate(timeout=60)
+    assert first.returncode == 0 and "SIGTERM: stopped" in stdout, stderr[-2000:]
 
 
 def test_the_lock_of_a_killed_run_and_its_interrupted_save_are_cleaned_up(tmp_path, digits, capsys):
@@ -222,8 +222,10 @@ def test_a_full_disk_before_or_between_saves_is_one_line(tmp_path, digits, when)
                              f"free some space or pass another --output")
     else:
         assert "exit 1" in result.stdout
-        assert errors[0].startswith(f"error: {mount}/run/metrics.jsonl: cannot write the metrics (No space "
-                                    f"left on device); stopped, the checkpoints saved before are intact")
+        start = f"error: {mount}/run/metrics.jsonl: cannot write the metrics (No space left on device); stopped, "
+        assert errors[0] in (start + "the checkpoints saved before are intact; free some space and resume with "
+                             "--resume auto", start + "no checkpoint had been saved yet; free some space and "
+                             "resume with --resume auto"), errors[0]
 
 
 def test_resume_auto_picks_by_position_and_skips_weights_files(two_epochs, digits, capsys):
