@@ -56,6 +56,7 @@ DATA_WAIT_HINT = (0.3, 3)  # a share of the step and a number of consecutive log
 # Steps that compile under train.compile: the model and the optimizer at the first, the optimizer
 # again at the second (its momentum/moment state exists from then on, another code path).
 COMPILE_STEPS = 2
+STUCK_DATA_WAIT_S = 5.0  # a stop signal during a data wait this long stops at once (a stuck loader)
 
 
 def stop_signals():
@@ -97,7 +98,7 @@ class StopOnSignal:
     def handle(self, signum, frame):
         first = self.received is None
         self.received = signal.Signals(signum).name
-        if first and self.watchdog.phase == "data":
+        if first and self.watchdog.phase == "data" and self.watchdog.phase_seconds() > STUCK_DATA_WAIT_S:
             raise StopRequested(self.received)
 
     def saving(self):
@@ -419,7 +420,7 @@ class EpochMeter:
             if self.sync_wait:
                 synchronize(r.device)
             start = time.perf_counter()
-            r.watchdog.phase = "data"
+            r.watchdog.enter("data")
             with r.state.train_step.phase("data"):
                 batch = next(iterator, None)
             r.watchdog.phase = None

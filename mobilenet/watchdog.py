@@ -57,8 +57,9 @@ class Watchdog:
     def count_signals(self):
         """The second SIGINT (Ctrl-C) ends the process now, in one line; the first asks for a stop.
         Only SIGINT: a SIGTERM often arrives twice for one request (Slurm signals every process of
-        the step and torchrun passes its own on), and must still let the run save."""
-        received = 0
+        the step and torchrun passes its own on), and must still let the run save; a SIGINT within
+        1 s of the first counts as the same request."""
+        first = None
         while True:
             try:
                 numbers = os.read(self.wakeup_read, 64)
@@ -69,11 +70,18 @@ class Watchdog:
                 return
             for number in numbers:
                 if number == signal.SIGINT and not self.stopped.is_set():
-                    received += 1
-                    if received == 2:
+                    if first is None or time.monotonic() - first < 1.0:  # one delivery, doubled
+                        first = first or time.monotonic()
+                    else:
                         name = signal.Signals(number).name
                         end_process(STOPPED.format(name=name), 128 + number,
                                     echo=not os.environ.get(ERROR_DIR))
+
+    def enter(self, phase):
+        self.phase, self.phase_start = phase, time.monotonic()
+
+    def phase_seconds(self):
+        return time.monotonic() - getattr(self, "phase_start", time.monotonic())
 
     def beat(self, step=None):
         if step is not None:

@@ -68,7 +68,7 @@ def test_a_stop_signal_while_a_worker_is_stuck_saves_at_once(tmp_path, digits):
     proc = start(out, digits, "train.stall_timeout=0")
     wait_for_steps(proc)
     worker = stop_the_loader_worker(proc)
-    time.sleep(1.5)  # the prefetched batches are used up: the loop waits for the stopped worker
+    time.sleep(7)  # the loop has waited for the stopped worker over 5 s: a stuck loader
     proc.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     stdout, stderr = proc.communicate(timeout=60)
@@ -114,7 +114,7 @@ def test_a_second_ctrl_c_ends_a_rank_blocked_in_a_collective(tmp_path, digits):
         os.kill(ranks[1].pid, signal.SIGSTOP)
         time.sleep(1.5)  # rank 0 now waits in the step's all-reduce for rank 1
         ranks[0].send_signal(signal.SIGINT)
-        time.sleep(0.5)
+        time.sleep(1.5)  # a second Ctrl-C, not the first one delivered twice
         ranks[0].send_signal(signal.SIGINT)
         signalled = time.monotonic()
         _, stderr = ranks[0].communicate(timeout=60)
