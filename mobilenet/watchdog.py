@@ -36,7 +36,7 @@ class Watchdog:
     def __init__(self, timeout, world, data_path, checkpoints):
         self.timeout, self.world = timeout, world
         self.data_path, self.checkpoints = data_path, checkpoints
-        self.step, self.last, self.phase = 0, None, None
+        self.step, self.last, self.phase, self.phase_start = 0, None, None, time.monotonic()
         self.stopped = threading.Event()
 
     def __enter__(self):
@@ -81,7 +81,7 @@ class Watchdog:
         self.phase, self.phase_start = phase, time.monotonic()
 
     def phase_seconds(self):
-        return time.monotonic() - getattr(self, "phase_start", time.monotonic())
+        return time.monotonic() - self.phase_start
 
     def beat(self, step=None):
         if step is not None:

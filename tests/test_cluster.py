@@ -37,15 +37,21 @@ def rank_pid(torchrun_pid, rank, local_rank=None):
     raise AssertionError(f"no rank {rank} under {torchrun_pid}")
 
 
-def test_killed_rank_restarts_from_the_periodic_checkpoint(tmp_path, straight_two_ranks):
-    """kill -9 of one rank mid-epoch: torchrun restarts the job (--max-restarts 1), which resumes
-    from the periodic checkpoint and ends with the weights of an uninterrupted run."""
-    out = tmp_path / "run"
-    proc = start_two_ranks(out, "--max-restarts", "1", "train.checkpoint_every_minutes=0.0001")
+def kill_rank_1_mid_epoch(out, *extra):
+    """start_two_ranks(out, *extra), then kill -9 of rank 1 at step 9; returns the Popen."""
+    proc = start_two_ranks(out, *extra)
     for line in proc.stdout:
         if line.startswith("Epoch: [0][9/"):
             os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
             break
+    return proc
+
+
+def test_killed_rank_restarts_from_the_periodic_checkpoint(tmp_path, straight_two_ranks):
+    """kill -9 of one rank mid-epoch: torchrun restarts the job (--max-restarts 1), which resumes
+    from the periodic checkpoint and ends with the weights of an uninterrupted run."""
+    out = tmp_path / "run"
+    proc = kill_rank_1_mid_epoch(out, "--max-restarts", "1", "train.checkpoint_every_minutes=0.0001")
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-3000:]
     assert "torchrun restart 1: every rank resumes from rank 0" in stdout

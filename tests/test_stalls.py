@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, as_from_a_shell, free_port, process_tree, start_two_ranks
+from conftest import ROOT, as_from_a_shell, free_port, process_tree
 from mobilenet.checkpoint import load_checkpoint
-from test_cluster import rank_pid
+from test_cluster import kill_rank_1_mid_epoch
 
 DEMO = ["--config", "configs/demo.yaml", "device=cpu", "data.cache_mb=0", "data.workers=1",
         "train.log_every=1", "--epochs", "30"]
@@ -128,11 +128,7 @@ def test_a_second_ctrl_c_ends_a_rank_blocked_in_a_collective(tmp_path, digits):
 
 def test_a_killed_rank_is_named_and_no_survivor_reports_a_bug(tmp_path):
     out = tmp_path / "run"
-    proc = start_two_ranks(out)
-    for line in proc.stdout:
-        if line.startswith("Epoch: [0][9/"):
-            os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
-            break
+    proc = kill_rank_1_mid_epoch(out)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr[-3000:]
     assert stderr.strip().splitlines()[-1].startswith("error: rank 1 was killed by SIGKILL, and the job stopped")
