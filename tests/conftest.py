@@ -18,6 +18,16 @@ def digits(tmp_path_factory):
     return build_digits(tmp_path_factory.mktemp("data") / "digits")
 
 
+@pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """An in-process run under --distributed sets torch's thread count as torchrun would
+    (OMP_NUM_THREADS=1); later in-process runs must not inherit it: floats depend on it, and
+    the resume tests compare weights bit for bit with runs in other processes."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def run_train(*args, cwd=ROOT, timeout=600):
     """python train.py ARGS in a subprocess; returns the CompletedProcess (text output)."""
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *map(str, args)], cwd=cwd,
