@@ -2,7 +2,7 @@
 import signal
 import sys
 
-from mobilenet.errors import exit_code
+from mobilenet.errors import STOP_SIGNALS, exit_code
 
 
 def main(argv=None):
@@ -19,7 +19,7 @@ def main(argv=None):
 
 if __name__ == "__main__":
     code = main()
-    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # the run is over and has said how:
+    for stop in STOP_SIGNALS:  # the run is over and has said how:
         signal.signal(stop, signal.SIG_IGN)  # a late signal must not turn its exit code into a kill
     from mobilenet.watchdog import kill_loader_workers
     kill_loader_workers()  # a stuck one would hold Python's exit forever

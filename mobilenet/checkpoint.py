@@ -2,7 +2,8 @@
 that keeps one live run per run directory.
 
 The dict uses the Ascend ModelZoo keys (epoch, arch, state_dict, best_prec1, optimizer), so our
-files and theirs load through the same code; ours add step, scheduler, amp, ema, rng and config.
+files and theirs load through the same code; ours add epoch_step (batches done in the epoch under
+way), scheduler, amp, ema, rng, data and config.
 """
 import fcntl
 import io
@@ -74,7 +75,14 @@ def load_checkpoint(path):
         raise UsageError(f"{path}: not a readable checkpoint ({plain_reason(e)})") from None
     if not isinstance(checkpoint, dict):
         raise UsageError(f"{path}: not a checkpoint dict")
+    for old, new in RENAMED_KEYS.items():  # written by an earlier version of the app
+        if old in checkpoint and new not in checkpoint:
+            checkpoint[new] = checkpoint.pop(old)
     return checkpoint
+
+
+# Keys of checkpoints written before they were renamed: old -> new.
+RENAMED_KEYS = {"step": "epoch_step"}
 
 
 def plain_reason(error, limit=120):
@@ -126,7 +134,7 @@ class Every:
 
 def load_latest(run_dir, say, is_training):
     """(path, checkpoint) of the training checkpoint in ``run_dir``/checkpoints that got furthest
-    (the epoch and step recorded inside, not the file's time; last.pt wins a tie), saying through
+    (the epoch and epoch_step recorded inside, not the file's time; last.pt wins a tie), saying through
     ``say`` which files it skipped and why (unreadable, or no training checkpoint by
     ``is_training``); None when there are none; a UsageError when there are files but none can
     continue the run (starting fresh would train over them)."""
@@ -144,7 +152,7 @@ def load_latest(run_dir, say, is_training):
             reasons.append(f"{path}: weights only, no training state")
             say(f"--resume auto: skipping {path}: weights only, no training state")
             continue
-        found.append(((state["epoch"], state["step"], path.name == "last.pt"), path, state))
+        found.append(((state["epoch"], state["epoch_step"], path.name == "last.pt"), path, state))
     if found:
         _, path, state = max(found, key=lambda item: item[0])
         return path, state

@@ -159,6 +159,38 @@ def cpu_bf16_features():
             if flag in flags]
 
 
+# img/s of bfloat16 autocast (O1) over fp32 (O0), {(width_mult, resolution): ratio}: batch 32,
+# channels_last, fused SGD, median of 2 interleaved rounds on a 2-core Intel Sapphire Rapids with
+# AMX-BF16 and AVX512-BF16 (docs/performance.md).
+BF16_GAIN = {(0.25, 64): 0.82, (0.25, 128): 1.03, (0.25, 224): 1.05,
+             (0.5, 64): 0.64, (0.5, 128): 0.87, (0.5, 224): 1.33,
+             (1.0, 64): 0.80, (1.0, 128): 1.06, (1.0, 224): 1.61}
+BF16_PAYS = 1.3       # the gain worth a hint
+BF16_MIN_BATCH = 32   # smaller batches were not measured
+
+
+def bf16_hint(cfg, features=None):
+    """A hint line for a cpu run at O0 on a CPU with AMX-BF16 (``features``: cpu_bf16_features()
+    unless given) whose model is at least as large, in width and resolution, as a measured
+    one where bf16 paid; None otherwise. Of the measured models no larger than this one, the one
+    with the most multiply-adds (width^2 x resolution^2) decides."""
+    model, batch = cfg["model"], cfg["data"]["batch_size"]
+    features = cpu_bf16_features() if features is None else features
+    if (cfg["derived"]["device"] != "cpu" or cfg["amp"]["level"] != "O0" or "AMX-BF16" not in features
+            or batch < BF16_MIN_BATCH):
+        return None
+    smaller = [(w, r) for w, r in BF16_GAIN if w <= model["width_mult"] and r <= model["resolution"]]
+    if not smaller:
+        return None
+    width, resolution = max(smaller, key=lambda wr: wr[0] ** 2 * wr[1] ** 2)
+    gain = BF16_GAIN[width, resolution]
+    if gain < BF16_PAYS:
+        return None
+    return (f"hint: this CPU has AMX-BF16 units; bfloat16 trained {gain:.2f}x as fast as fp32 at width "
+            f"{width:g} / {resolution} px, batch 32 (measured on a 2-core Sapphire Rapids): try --amp O1 "
+            f"amp.dtype=bfloat16")
+
+
 def cpu_model():
     """The CPU and its bfloat16 units, for benchmark tables: 'CPU AMD EPYC, bf16 units: none'."""
     return (f"CPU {cpuinfo_field('model name') or 'unknown'}, bf16 units: "

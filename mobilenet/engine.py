@@ -6,7 +6,7 @@ import math
 import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,18 +14,17 @@ import torch
 import yaml
 
 from mobilenet import checkpoint as ckpt
-from mobilenet.amp import bf16_hint
 from mobilenet.config import thaw
 from mobilenet.data import build_datasets, build_loaders
 from mobilenet.data.datasets import WorkerSignals, data_record, unreadable_flags
-from mobilenet.device import cpu_bf16_features, describe, open_device, peak_memory_mb, synchronize
+from mobilenet.device import bf16_hint, describe, open_device, peak_memory_mb, synchronize
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
-                                   from_rank0, host_group, init_process_group, world_from_env)
-from mobilenet.errors import TrainingFailure, UsageError, mark_started
+                                   host_group, init_process_group, world_from_env)
+from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
 from mobilenet.logging import RunLogger, accuracy_line, progress_line
-from mobilenet.measure import OtherLoad, StepBreakdown, named_phase, profiler
+from mobilenet.measure import DataWaitHint, EpochMeter, OtherLoad, StepBreakdown, named_phase, profiler
 from mobilenet.optim import describe_optimizer
-from mobilenet.training import TrainingState, is_training_checkpoint
+from mobilenet.training import TrainingState
 from mobilenet.watchdog import Watchdog, kill_loader_workers
 
 
@@ -39,31 +38,19 @@ class Run:
     train_loader: object
     val_loader: object
     log: RunLogger
-    steps: int                 # per epoch (fixed: the loader shortens when resuming mid-epoch)
     worker_signals: WorkerSignals
     breakdown: StepBreakdown | None = None
     val_seconds: float = 0.0   # the last validation's duration (for the ETA)
-    slow_data_intervals: int = 0  # consecutive log intervals spent mostly waiting for data
-    data_hint_given: bool = False  # the data-wait hint is said once a run
+    data_hint: DataWaitHint = field(default_factory=DataWaitHint)
     compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
     first_step_s: float | None = None  # the process's first step, data and device time included
     watchdog: Watchdog | None = None   # stall_timeout; set by fit()
-    resumed: bool = False      # from a training checkpoint, or by --resume auto from none: the
-                               # records of later steps are dropped (they are trained again)
 
 
-DATA_WAIT_HINT = (0.3, 3)  # a share of the step and a number of consecutive log intervals
 # Steps that compile under train.compile: the model and the optimizer at the first, the optimizer
 # again at the second (its momentum/moment state exists from then on, another code path).
 COMPILE_STEPS = 2
 STUCK_DATA_WAIT_S = 5.0  # a stop signal during a data wait this long stops at once (a stuck loader)
-
-
-def stop_signals():
-    """SIGTERM, SIGINT and SIGHUP (a closed terminal; torchrun forwards it), except a SIGHUP that
-    was ignored when the run started (nohup, which ModelZoo's scripts use): that stays ignored."""
-    return [s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-            if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
 
 
 class StopRequested(BaseException):
@@ -72,7 +59,7 @@ class StopRequested(BaseException):
 
 
 class StopOnSignal:
-    """SIGTERM/SIGINT/SIGHUP (stop_signals), to this process, its group or every process of the
+    """The stop signals (errors.stop_signals), to this process, its group or every process of the
     job (torchrun, Slurm and container runtimes differ), ask the run to stop after the current
     step, or at once when it waits for data (StopRequested); a second Ctrl-C ends the process
     (mobilenet.watchdog, which hears it wherever the main thread is blocked). Once the run saves
@@ -88,9 +75,11 @@ class StopOnSignal:
         if self.world.size > 1:
             host_group()  # made by every rank at the same point
         self.previous = {s: signal.signal(s, self.handle) for s in stop_signals()}
+        self.previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self.look_again)
         return self
 
     def __exit__(self, *exc):
+        signal.setitimer(signal.ITIMER_REAL, 0)
         if self.received is None:
             for sig, handler in self.previous.items():
                 signal.signal(sig, handler)
@@ -98,11 +87,25 @@ class StopOnSignal:
     def handle(self, signum, frame):
         first = self.received is None
         self.received = signal.Signals(signum).name
-        if first and self.watchdog.phase == "data" and self.watchdog.phase_seconds() > STUCK_DATA_WAIT_S:
+        if first and self.watchdog.phase == "data":
+            self.stop_if_stuck()
+
+    def stop_if_stuck(self):
+        """During a data wait of STUCK_DATA_WAIT_S: stop now. During a shorter one (batches the
+        loader had ready hid a stuck worker for a few steps): look again when it would have lasted
+        that long (SIGALRM, which interrupts the wait as the stop signal did)."""
+        waited = self.watchdog.phase_seconds()
+        if waited > STUCK_DATA_WAIT_S:
             raise StopRequested(self.received)
+        signal.setitimer(signal.ITIMER_REAL, STUCK_DATA_WAIT_S - waited + 0.1)
+
+    def look_again(self, signum, frame):
+        if self.received is not None and self.watchdog.phase == "data":
+            self.stop_if_stuck()
 
     def saving(self):
         """The run saves and ends now: from here on, signals are ignored."""
+        signal.setitimer(signal.ITIMER_REAL, 0)
         for sig in self.previous:
             signal.signal(sig, signal.SIG_IGN)
 
@@ -137,10 +140,10 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
             if restarted:
                 r.log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
             if resume:
-                restore(r, resume, fallback, evaluate_only)
+                r.state.resume(resume, fallback=fallback, evaluate_only=evaluate_only, say=r.log.info)
             if evaluate_only:
                 return evaluate_only_run(r)
-            if finished(r):
+            if r.state.finished:
                 return already_complete(r)
             start_outputs(r)
             return fit(r)
@@ -200,17 +203,17 @@ def build_run(cfg, world, device):
     log.info(f"data.workers {derived['workers']}{auto}; train.compile {derived['compile_why']}")
     for note in derived["command_line"]:
         log.info(f"command line: {note}")
-    hint = bf16_hint(cfg, cpu_bf16_features())
+    hint = bf16_hint(cfg)
     if hint:
         log.info(hint)
     breakdown = None
     if cfg["train"]["measure_breakdown"]:
         breakdown = StepBreakdown(device)
-        state.train_step.phase = breakdown.phase
+        state.set_phase_hook(breakdown.phase)
     elif cfg["train"]["profile"]:  # the phases as ranges in the trace
-        state.train_step.phase = named_phase
-    return Run(cfg, world, device, state, train_loader, val_loader, log, steps,
-               worker_signals, breakdown, compile_steps=COMPILE_STEPS if derived["compile"] else 0)
+        state.set_phase_hook(named_phase)
+    return Run(cfg, world, device, state, train_loader, val_loader, log, worker_signals, breakdown,
+               compile_steps=COMPILE_STEPS if derived["compile"] else 0)
 
 
 def start_outputs(r):
@@ -218,7 +221,7 @@ def start_outputs(r):
     if r.world.is_main:
         ckpt.save_atomic(yaml.safe_dump(thaw(r.cfg), sort_keys=False).encode(),
                          Path(r.cfg["output"]) / "config.yaml", "the config")
-    r.log.start(resumed_at=steps_done(r) if r.resumed else None)
+    r.log.start(resumed_at=r.state.resumed_at)
 
 
 def evaluate_only_run(r):
@@ -269,30 +272,16 @@ def fit(r):
     r.watchdog = Watchdog(cfg["train"]["stall_timeout"], r.world, cfg["data"]["path"],
                           Path(cfg["output"]) / "checkpoints")
     with r.watchdog, StopOnSignal(r.world, r.watchdog) as stop, r.worker_signals.protect(), trace as prof:
-        while not finished(r):
+        while not r.state.finished:
             meter = train_one_epoch(r, stop, prof, run_start, save_if_due)
-            for key, value in meter.totals().items():  # images, seconds, data_wait_s
+            for key, value in meter.totals(r.state.global_step).items():  # images, seconds, data_wait_s
                 totals[key] += value
-            if r.state.step < r.steps and not finished(r):  # stopped by a signal mid-epoch
+            if r.state.mid_epoch:  # stopped by a signal
                 return stopped(r, saver, stop)
             results = end_epoch(r, saver, epoch_seconds=meter.seconds)
-            if not finished(r) and stop.should_stop():
+            if not r.state.finished and stop.should_stop():
                 return stopped(r, saver, stop)
         return finish(r, totals, results)  # a signal now waits until the summary is written
-
-
-def steps_done(r):
-    return r.state.epoch * r.steps + r.state.step
-
-
-def total_steps(r):
-    """The steps the run trains: all epochs', or train.max_steps when that is fewer."""
-    cap = r.cfg["train"]["max_steps"]
-    return min(r.cfg["train"]["epochs"] * r.steps, cap) if cap else r.cfg["train"]["epochs"] * r.steps
-
-
-def finished(r):
-    return steps_done(r) >= total_steps(r)
 
 
 def end_epoch(r, saver, epoch_seconds):
@@ -301,23 +290,20 @@ def end_epoch(r, saver, epoch_seconds):
     val_start = time.perf_counter()
     results = validate(r)
     r.val_seconds = time.perf_counter() - val_start
-    epoch, model = r.state.epoch, results[""]
-    if r.state.step == r.steps:
-        r.state.epoch, r.state.step = epoch + 1, 0
-    is_best = model.scored > 0 and model.top1 > r.state.best_top1
-    r.state.best_top1 = max(r.state.best_top1, model.top1)
-    r.log.info(accuracy_line(model.top1, model.top5, f"epoch {epoch}, best {r.state.best_top1:.3f}; {model.note()}"))
+    epoch, own = r.state.epoch, results[""]
+    is_best = r.state.end_epoch(own.top1, own.scored)
+    r.log.info(accuracy_line(own.top1, own.top5, f"epoch {epoch}, best {r.state.best_top1:.3f}; {own.note()}"))
     ema = {}
     if "EMA" in results:
         ema = {"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5}
         r.log.info(accuracy_line(results["EMA"].top1, results["EMA"].top5, prefix=" EMA"))
-    r.log.record("val", steps_done(r), epoch=epoch, top1=model.top1, top5=model.top5,
+    r.log.record("val", r.state.global_step, epoch=epoch, top1=own.top1, top5=own.top5,
                  epoch_time_s=epoch_seconds, **ema)
     if r.world.is_main:
         saver.save(r.state.state_dict(), r.state.epoch, is_best)
         r.watchdog.beat()
-    if not model.scored:
-        raise UsageError(f"--data {r.cfg['data']['path']}: none of the {model.left_out} val images could be "
+    if not own.scored:
+        raise UsageError(f"--data {r.cfg['data']['path']}: none of the {own.left_out} val images could be "
                          f"read (see the warnings), so there is no accuracy; the training is saved in "
                          f"{saver.last}: fix the val files, then resume with --resume auto")
     return results
@@ -331,7 +317,7 @@ def finish(r, totals, results):
     top1 = final.top1
     steps = totals["images"] / derived["global_batch"]
     summary = {"top1": top1, "top5": final.top5, "best_top1": r.state.best_top1, "epochs": r.state.epoch,
-               "steps": steps_done(r),
+               "global_step": r.state.global_step,
                "val_images_scored": final.scored,
                **({"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5} if "EMA" in results else {}),
                "img_per_s": totals["images"] / seconds if seconds else 0.0, "first_step_s": r.first_step_s,
@@ -363,7 +349,7 @@ def save_last_if_finite(r, saver):
     the last loss check: then the run stops and the last good checkpoint stays."""
     if not r.state.weights_finite():
         raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before step "
-                              f"{r.state.step}: stopped; nothing saved after {saver.last}")
+                              f"{r.state.epoch_step}: stopped; nothing saved after {saver.last}")
     saver.save_last(r.state.state_dict())
     if r.watchdog is not None:
         r.watchdog.beat()
@@ -375,7 +361,7 @@ def stopped(r, saver, stop):
     if r.world.is_main:
         save_last_if_finite(r, saver)
     r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.state.epoch} step "
-               f"{r.state.step}, saved {saver.last}. Resume with the same command plus "
+               f"{r.state.epoch_step}, saved {saver.last}. Resume with the same command plus "
                f"--output {r.cfg['output']} --resume auto")
     r.log.close()
     return None
@@ -388,134 +374,33 @@ def unreadable_files(r):
     return int(all_reduce_max(flags.to(r.device, torch.int32)).sum().item())
 
 
-class Interval(NamedTuple):
-    """One log interval, measured: what the progress line and the records report."""
-    img_per_s: float   # this interval's own rate
-    data_wait: float   # share of the interval spent waiting for data
-    step_time: float   # steady seconds per step (the rates and ETAs of the progress line)
-    elapsed: float     # seconds since the run started
-
-
-class EpochMeter:
-    """Where one epoch's time goes: host seconds waiting for data, the interval's loss (summed on
-    the device) and its timing (``end_interval``). It measures; ``log_interval`` reports."""
-
-    def __init__(self, r, run_start, sync_wait):
-        self.r, self.run_start, self.sync_wait = r, run_start, sync_wait
-        self.first = r.state.step
-        self.start = self.interval_start = time.perf_counter()
-        self.loss_sum = torch.zeros((), device=r.device)
-        self.interval_steps = 0
-        self.wait_s = self.interval_wait_s = 0.0
-        self.steady = None  # (time, step) at the end of the first logged interval
-        self.compile_s = 0.0
-        self.seconds = 0.0
-
-    def batches(self, loader):
-        """The epoch's remaining batches, on the device; the wait for each is timed on the host
-        (after a device sync under train.measure_breakdown, so compute does not count as wait)."""
-        r = self.r
-        iterator = itertools.islice(r.state.batches(loader), r.steps - self.first)
-        while True:
-            if self.sync_wait:
-                synchronize(r.device)
-            start = time.perf_counter()
-            r.watchdog.enter("data")
-            with r.state.train_step.phase("data"):
-                batch = next(iterator, None)
-            r.watchdog.phase = None
-            waited = time.perf_counter() - start
-            self.wait_s += waited
-            self.interval_wait_s += waited
-            if batch is None:
-                return
-            yield batch
-
-    def add(self, loss):
-        self.loss_sum += loss.float()
-        self.interval_steps += 1
-
-    def interval_loss(self):
-        """The mean loss of the interval that ends now, over all processes (reads the device)."""
-        return all_reduce_sum(self.loss_sum).item() / self.interval_steps / self.r.world.size
-
-    def end_interval(self):
-        """The log interval that ends now, measured (reads the device clock): its own img/s and data
-        wait, and the steady seconds per step (the first interval, warm-up included, is its own rate
-        once; later ones count from its end)."""
-        r = self.r
-        synchronize(r.device)
-        now = time.perf_counter()
-        seconds = now - self.interval_start
-        if self.steady is None:
-            self.steady = (now, r.state.step)
-            step_time = seconds / self.interval_steps
-        else:
-            step_time = (now - self.steady[0]) / (r.state.step - self.steady[1])
-        interval = Interval(img_per_s=r.cfg["derived"]["global_batch"] * self.interval_steps / seconds,
-                            data_wait=self.interval_wait_s / seconds, step_time=step_time,
-                            elapsed=now - self.run_start)
-        self.loss_sum.zero_()
-        self.interval_start, self.interval_steps, self.interval_wait_s = now, 0, 0.0
-        return interval
-
-    def leave_out_compile_step(self, last):
-        """After a step that compiled: the clocks start again; after the ``last``, the time all
-        took is logged apart."""
-        synchronize(self.r.device)
-        now = time.perf_counter()
-        self.compile_s += now - self.start
-        if last:
-            self.r.log.info(f"compile: the first steps took {self.compile_s:.1f} s (tracing and code "
-                            f"generation), left out of the rates")
-        self.start = self.interval_start = now
-        self.first, self.wait_s, self.interval_wait_s = self.r.state.step, 0.0, 0.0
-
-    def totals(self):
-        """Images all processes trained, seconds and data wait of this epoch."""
-        self.seconds = time.perf_counter() - self.start
-        return {"images": (self.r.state.step - self.first) * self.r.cfg["derived"]["global_batch"],
-                "seconds": self.seconds, "data_wait_s": self.wait_s}
-
-
 def log_interval(r, loss, interval):
     """The progress line, metrics.jsonl and TensorBoard for the interval that ended."""
-    epoch_end = min((r.state.epoch + 1) * r.steps, total_steps(r))
-    after_epoch = total_steps(r) - epoch_end  # steps of the epochs after this one
-    eta_epoch = (epoch_end - steps_done(r)) * interval.step_time + r.val_seconds
-    eta_run = (eta_epoch + after_epoch * interval.step_time
-               + math.ceil(after_epoch / r.steps) * r.val_seconds)
-    lr = float(r.state.train_step.optimizer.param_groups[0]["lr"])  # a tensor under train.compile
-    extras = {k: float(v) for k, v in r.state.train_step.metrics().items()}
-    hint_data_wait(r, interval.data_wait)
-    r.log.info(progress_line(epoch=r.state.epoch, step=r.state.step, steps=r.steps, eta_epoch=eta_epoch,
+    state, steps = r.state, r.state.steps_per_epoch
+    epoch_end = min((state.epoch + 1) * steps, state.total_steps)
+    after_epoch = state.total_steps - epoch_end  # steps of the epochs after this one
+    eta_epoch = (epoch_end - state.global_step) * interval.step_time + r.val_seconds
+    eta_run = eta_epoch + after_epoch * interval.step_time + math.ceil(after_epoch / steps) * r.val_seconds
+    lr, extras = state.lr(), state.metrics()
+    hint = r.data_hint.line(interval.data_wait, r.cfg["derived"]["workers"])
+    if hint:
+        r.log.info(hint)
+    r.log.info(progress_line(epoch=state.epoch, step=state.epoch_step, steps=steps, eta_epoch=eta_epoch,
                              eta_run=eta_run, img_per_s=r.cfg["derived"]["global_batch"] / interval.step_time,
                              data_wait=interval.data_wait, loss=loss, lr=lr, elapsed=interval.elapsed,
                              extras=extras))
-    r.log.record("train", steps_done(r), epoch=r.state.epoch, loss=loss, lr=lr,
+    r.log.record("train", state.global_step, epoch=state.epoch, loss=loss, lr=lr,
                  img_per_s=interval.img_per_s, data_wait=interval.data_wait, **extras)
 
 
-def hint_data_wait(r, data_wait):
-    """One line, once a run, when the loader stays the bottleneck (DATA_WAIT_HINT)."""
-    share, intervals = DATA_WAIT_HINT
-    r.slow_data_intervals = r.slow_data_intervals + 1 if data_wait >= share else 0
-    if r.slow_data_intervals == intervals and not r.data_hint_given:
-        r.data_hint_given = True
-        workers = r.cfg["derived"]["workers"]
-        r.log.info(f"hint: data wait {data_wait:.0%} of the step for {intervals} log intervals: raise "
-                   f"data.workers (now {workers}), keep a small dataset in memory (data.cache_mb) or use "
-                   f"faster storage")
-
-
 def train_one_epoch(r, stop, prof, run_start, after_step):
-    """Trains from batch ``r.state.step`` to the end of the epoch, or until ``stop`` says so.
+    """Trains from batch ``r.state.epoch_step`` to the end of the epoch, or until ``stop`` says so.
     ``after_step``: the periodic checkpoint. Steps that compile (``r.compile_steps``) are timed
     apart and left out of the rates."""
-    cfg = r.cfg["train"]
-    r.state.train_step.train(freeze_bn=cfg["freeze_bn"])
-    r.train_loader.sampler.set_epoch(r.state.epoch, r.state.step * r.cfg["data"]["batch_size"])
-    meter = EpochMeter(r, run_start, sync_wait=r.breakdown is not None)
+    r.state.train(freeze_bn=r.cfg["train"]["freeze_bn"])
+    r.train_loader.sampler.set_epoch(r.state.epoch, r.state.epoch_step * r.cfg["data"]["batch_size"])
+    meter = EpochMeter(device=r.device, world_size=r.world.size, global_batch=r.cfg["derived"]["global_batch"],
+                       run_start=run_start, at_step=r.state.global_step)
     try:
         train_steps(r, meter, stop, prof, after_step)
     except StopRequested:  # during a wait for data: the last step's state is whole; the run ends
@@ -525,52 +410,71 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
 
 
 def train_steps(r, meter, stop, prof, after_step):
-    cfg = r.cfg["train"]
-    for images, labels in meter.batches(r.train_loader):
-        loss = r.state.train_on(images, labels)
+    state, log_every = r.state, r.cfg["train"]["log_every"]
+    for images, labels in timed_batches(r, meter):
+        loss = state.train_on(images, labels)
         if r.first_step_s is None:  # summary.json's first_step_s (ModelZoo's CompileTime)
             synchronize(r.device)
             r.first_step_s = time.perf_counter() - meter.start
-        if r.compile_steps and r.state.step < r.steps and not finished(r):  # an epoch's last step stays
+        if r.compile_steps and state.mid_epoch:  # an epoch's last step stays: it ends the epoch
             r.compile_steps -= 1
-            meter.leave_out_compile_step(last=r.compile_steps == 0)
+            compile_s = meter.leave_out(state.global_step)
+            if not r.compile_steps:
+                r.log.info(f"compile: the first {COMPILE_STEPS} steps took {compile_s:.1f} s (tracing and "
+                           f"code generation), left out of the rates")
         else:
-            r.watchdog.beat(steps_done(r))
+            r.watchdog.beat(state.global_step)
             meter.add(loss)
-            if r.state.step % cfg["log_every"] == 0 or r.state.step == r.steps or finished(r):
+            if state.epoch_step % log_every == 0 or not state.mid_epoch:
                 loss_mean = meter.interval_loss()
                 check_finite(r, loss_mean)
-                log_interval(r, loss_mean, meter.end_interval())
+                log_interval(r, loss_mean, meter.end_interval(state.global_step))
         after_step()
         prof.step()
-        if finished(r) or stop.should_stop():  # the same on every rank, so the reduction stays paired
+        if state.finished or stop.should_stop():  # the same on every rank, so the reduction stays paired
             break
+
+
+def timed_batches(r, meter):
+    """The epoch's remaining batches, on the device; the wait for each is timed on the host
+    (after a device sync under train.measure_breakdown, so compute does not count as wait) and is
+    the watchdog's data phase."""
+    batches = itertools.islice(r.state.batches(r.train_loader), r.state.steps_per_epoch - r.state.epoch_step)
+    while True:
+        if r.breakdown is not None:
+            synchronize(r.device)
+        start = time.perf_counter()
+        with r.watchdog.waiting("data"), r.state.phase("data"):
+            batch = next(batches, None)
+        meter.waited(time.perf_counter() - start)
+        if batch is None:
+            return
+        yield batch
 
 
 def check_finite(r, loss_mean):
     """A non-finite loss ends the run unless dynamic loss scaling skips such steps."""
-    if not math.isfinite(loss_mean) and not r.state.train_step.precision.dynamic_loss_scale:
-        raise TrainingFailure(f"the loss became {loss_mean} in epoch {r.state.epoch} before step {r.state.step}: "
-                              f"stopped; nothing saved after {r.cfg['output']}/checkpoints/last.pt")
+    if not math.isfinite(loss_mean) and not r.state.skips_bad_steps():
+        raise TrainingFailure(f"the loss became {loss_mean} in epoch {r.state.epoch} before step "
+                              f"{r.state.epoch_step}: stopped; nothing saved after {r.cfg['output']}/checkpoints/last.pt")
 
 
 def validate(r):
-    """{'': (top1, top5)} of the model, and {'EMA': ...} of its average when there is one."""
-    return {label: accuracy(net, watched(r.state.batches(r.val_loader), r.watchdog),
-                            r.state.train_step.precision.autocast, r.device)
-            for label, net in r.state.train_step.eval_nets().items()}
+    """{'': (top1, top5)} of the network, and {'EMA': ...} of its average when there is one."""
+    return {label: accuracy(net, watched(r.state.batches(r.val_loader), r.watchdog), r.state.autocast, r.device)
+            for label, net in r.state.eval_nets().items()}
 
 
 def watched(batches, watchdog):
-    """``batches``, each a beat of the watchdog (when there is one), the wait for it its data phase."""
+    """``batches``, each a beat of the watchdog (when there is one), the wait for it its phase
+    'val-data' (not 'data': a stop signal waits for the end of validation)."""
     if watchdog is None:
         yield from batches
         return
     iterator = iter(batches)
     while True:
-        watchdog.phase = "val-data"  # not "data": a stop signal waits for the end of validation
-        batch = next(iterator, None)
-        watchdog.phase = None
+        with watchdog.waiting("val-data"):
+            batch = next(iterator, None)
         if batch is None:
             return
         watchdog.beat()
@@ -604,51 +508,3 @@ def accuracy(net, batches, autocast, device):
     all_reduce_sum(counts)
     top1, top5, total, left_out = counts.tolist()
     return Accuracy(100 * top1 / max(total, 1), 100 * top5 / max(total, 1), int(total), int(left_out))
-
-
-def restore(r, resume, fallback=None, evaluate_only=False):
-    """Loads a checkpoint ('auto': the one of the run directory that got furthest, else
-    ``fallback``). Rank 0 reads it and sends it to the others: every rank continues from the same
-    state, and nodes without a shared file system need no copy of the run directory."""
-    path, state = from_rank0(lambda: choose_checkpoint(r, resume, fallback, evaluate_only))
-    if state is None:  # a restart before the first save, say: the first round's records go
-        r.resumed = True
-        return
-    r.resumed = r.state.load_state_dict(state, path)
-    r.log.info(f"resumed from {path} (epoch {r.state.epoch}, step {r.state.step})")
-    for change in r.state.changes_since(state):
-        r.log.info(f"note: {change}")
-
-
-def choose_checkpoint(r, resume, fallback, evaluate_only):
-    """(path, checkpoint dict) to resume from, or (None, None) to start fresh (said)."""
-    if resume != "auto":
-        state = ckpt.load_checkpoint(resume)
-        if not evaluate_only:
-            refuse_going_back(r, resume, state)
-        return str(resume), state
-    found = ckpt.load_latest(r.cfg["output"], r.log.info, is_training_checkpoint)
-    if found is not None:
-        return str(found[0]), found[1]
-    if fallback:
-        return str(fallback), ckpt.load_checkpoint(fallback)
-    if evaluate_only:  # random weights are nothing to evaluate
-        raise UsageError(f"--evaluate --resume auto: no checkpoint in {r.cfg['output']}/checkpoints; "
-                         f"pass --output of a run that has one, or --resume FILE")
-    r.log.info(f"--resume auto: no checkpoint in {r.cfg['output']}, starting fresh")
-    return None, None
-
-
-def refuse_going_back(r, resume, state):
-    """A run resumed from ``resume`` saves over the run directory's last.pt: refused when that
-    directory holds a checkpoint of a later position (it would be replaced by an earlier one)."""
-    if not is_training_checkpoint(state):
-        return
-    try:
-        later = ckpt.load_latest(r.cfg["output"], lambda line: None, is_training_checkpoint)
-    except UsageError:  # nothing there can continue a run: nothing to lose
-        return
-    if later and (later[1]["epoch"], later[1]["step"]) > (state["epoch"], state["step"]):
-        raise UsageError(f"--resume {resume} is at epoch {state['epoch']} step {state['step']}, but "
-                         f"{later[0]} is further (epoch {later[1]['epoch']} step {later[1]['step']}) and "
-                         f"this run would save over it; to branch from {resume}, pass another --output")

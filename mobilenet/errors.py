@@ -20,6 +20,9 @@ EXIT_USAGE, EXIT_FAILURE = 2, 1
 # there, so the launcher can print the line last, below torchrun's report.
 ERROR_DIR = "MOBILENET_ERROR_DIR"
 STOPPED = "{name}: stopped, nothing saved now (checkpoints written before stay valid)"
+# The signals that stop a run (a closed terminal sends SIGHUP; torchrun forwards all three). The one
+# source of this list, and of its rule (stop_signals).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Files being written through a temporary name (checkpoint.save_atomic): a process that ends at
 # once on a signal removes them first.
 TEMPORARIES = set()
@@ -46,12 +49,17 @@ def exit_at_once(signum, frame):
     os._exit(report(STOPPED.format(name=name), 128 + signum, echo=not os.environ.get(ERROR_DIR)))
 
 
+def stop_signals():
+    """STOP_SIGNALS, except a SIGHUP that this process started with ignored (nohup, which ModelZoo's
+    scripts use): that one stays ignored."""
+    return [s for s in STOP_SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
+
+
 def exit_code(action, run_dir=lambda: None):
     """Runs ``action()`` and returns the process's exit code, reporting any failure in one line.
     ``run_dir()``: where a bug's traceback goes (the temporary folder while it is None). A signal
     that no training run handles (during start-up) ends it in one line with 128 + the signal's number."""
-    stop = [s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
-    previous = {s: signal.signal(s, exit_at_once) for s in stop}
+    previous = {s: signal.signal(s, exit_at_once) for s in stop_signals()}
     try:
         action()
         return report("", 0)

@@ -37,15 +37,17 @@ def accuracy_line(top1, top5, note="", prefix=""):
     return f" *{prefix} Prec@1 {top1:.3f} Prec@5 {top5:.3f}" + (f"  ({note})" if note else "")
 
 
-def keep_records_up_to(path, step):
-    """Rewrites metrics.jsonl (atomically) without the records of steps after ``step`` and without
-    a line a crash cut short."""
+def keep_records_up_to(path, global_step):
+    """Rewrites metrics.jsonl (atomically) without the records of global steps after
+    ``global_step`` and without a line a crash cut short (records written before the key was
+    named global_step hold it as step)."""
     kept = []
     for line in path.read_text().splitlines():
         try:
-            if json.loads(line)["step"] <= step:
+            record = json.loads(line)
+            if record.get("global_step", record.get("step")) <= global_step:
                 kept.append(line + "\n")
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
     save_atomic("".join(kept).encode(), path, "the trimmed metrics")
 
@@ -79,8 +81,9 @@ class RunLogger:
         self.tensorboard = self.metrics = None
 
     def start(self, resumed_at=None):
-        """Opens metrics.jsonl and TensorBoard. ``resumed_at``: the step a resumed run continues
-        after; the records of later steps (written after that checkpoint, and replayed now) go."""
+        """Opens metrics.jsonl and TensorBoard. ``resumed_at``: the global step a resumed run
+        continues after; the records of later steps (written after that checkpoint, and replayed
+        now) go."""
         if not self.enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
@@ -104,16 +107,16 @@ class RunLogger:
             self.console = False  # and saves; what it would print goes to metrics.jsonl and TensorBoard
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
-    def record(self, kind, step, **values):
+    def record(self, kind, global_step, **values):
         """One metrics.jsonl line and one TensorBoard scalar per value, tagged ``kind/name``."""
         if self.metrics is None:
             return
         try:
-            self.metrics.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+            self.metrics.write(json.dumps({"kind": kind, "global_step": global_step, **values}) + "\n")
             self.metrics.flush()
             for name, value in values.items():  # raises what TensorBoard's writer thread met
                 if name != "epoch":
-                    self.tensorboard.add_scalar(f"{kind}/{name}", value, step)
+                    self.tensorboard.add_scalar(f"{kind}/{name}", value, global_step)
         except OSError as e:  # a full disk, say: stop while the last checkpoint is still good
             raise TrainingFailure(write_failure(self.run_dir, e)) from None
 

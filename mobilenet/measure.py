@@ -1,16 +1,110 @@
-"""What the training loop measures about itself: dispatched-op counts (per step phase), the step's
-time breakdown, the other processes' share of the CPU, profiler traces. Below the engine; the
-benchmark harness that drives whole runs is mobilenet.harness, above it."""
+"""What the training loop measures about itself: where an epoch's time goes (EpochMeter), when the
+loader is the bottleneck (DataWaitHint), dispatched-op counts (per step phase), the step's time
+breakdown, the other processes' share of the CPU, profiler traces. Below the engine; the
+benchmark harness that drives whole runs is scripts/benchmarks/harness.py, above it."""
 import contextlib
 import os
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mobilenet.device import import_torch_npu, synchronize
+from mobilenet.distributed import all_reduce_sum
+
+
+class Interval(NamedTuple):
+    """One log interval, measured: what the progress line and the records report."""
+    img_per_s: float   # this interval's own rate
+    data_wait: float   # share of the interval spent waiting for data
+    step_time: float   # steady seconds per step (the rates and ETAs of the progress line)
+    elapsed: float     # seconds since the run started
+
+
+class EpochMeter:
+    """Where one epoch's time goes: host seconds waiting for data (``waited``), the interval's loss
+    (summed on the device, ``add``) and its timing (``end_interval``). Steps are global steps, from
+    ``at_step``. It measures; the engine reports."""
+
+    def __init__(self, *, device, world_size, global_batch, run_start, at_step):
+        self.device, self.world_size, self.global_batch = device, world_size, global_batch
+        self.run_start, self.first = run_start, at_step
+        self.start = self.interval_start = time.perf_counter()
+        self.loss_sum = torch.zeros((), device=device)
+        self.interval_steps = 0
+        self.wait_s = self.interval_wait_s = 0.0
+        self.steady = None  # (time, step) at the end of the first logged interval
+        self.compile_s = 0.0
+        self.seconds = 0.0
+
+    def waited(self, seconds):
+        self.wait_s += seconds
+        self.interval_wait_s += seconds
+
+    def add(self, loss):
+        self.loss_sum += loss.float()
+        self.interval_steps += 1
+
+    def interval_loss(self):
+        """The mean loss of the interval that ends now, over all processes (reads the device)."""
+        return all_reduce_sum(self.loss_sum).item() / self.interval_steps / self.world_size
+
+    def end_interval(self, step):
+        """The log interval that ends now at ``step``, measured (reads the device clock): its own
+        img/s and data wait, and the steady seconds per step (the first interval, warm-up included,
+        is its own rate once; later ones count from its end)."""
+        synchronize(self.device)
+        now = time.perf_counter()
+        seconds = now - self.interval_start
+        if self.steady is None:
+            self.steady = (now, step)
+            step_time = seconds / self.interval_steps
+        else:
+            step_time = (now - self.steady[0]) / (step - self.steady[1])
+        interval = Interval(img_per_s=self.global_batch * self.interval_steps / seconds,
+                            data_wait=self.interval_wait_s / seconds, step_time=step_time,
+                            elapsed=now - self.run_start)
+        self.loss_sum.zero_()
+        self.interval_start, self.interval_steps, self.interval_wait_s = now, 0, 0.0
+        return interval
+
+    def leave_out(self, step):
+        """After a step that compiled (``step``): the clocks start again; returns the seconds all
+        such steps took so far."""
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.compile_s += now - self.start
+        self.start = self.interval_start = now
+        self.first, self.wait_s, self.interval_wait_s = step, 0.0, 0.0
+        return self.compile_s
+
+    def totals(self, step):
+        """Images all processes trained, seconds and data wait of this epoch, up to ``step``."""
+        self.seconds = time.perf_counter() - self.start
+        return {"images": (step - self.first) * self.global_batch, "seconds": self.seconds,
+                "data_wait_s": self.wait_s}
+
+
+class DataWaitHint:
+    """One line, once a run, when the loader stays the bottleneck: a data wait of at least SHARE of
+    the step for INTERVALS log intervals in a row."""
+    SHARE, INTERVALS = 0.3, 3
+
+    def __init__(self):
+        self.slow, self.given = 0, False
+
+    def line(self, data_wait, workers):
+        """The hint after an interval with ``data_wait``, or None."""
+        self.slow = self.slow + 1 if data_wait >= self.SHARE else 0
+        if self.slow < self.INTERVALS or self.given:
+            return None
+        self.given = True
+        return (f"hint: data wait {data_wait:.0%} of the step for {self.INTERVALS} log intervals: raise "
+                f"data.workers (now {workers}), keep a small dataset in memory (data.cache_mb) or use "
+                f"faster storage")
 
 
 class OpCounter(TorchDispatchMode):

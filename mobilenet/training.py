@@ -1,33 +1,137 @@
-"""TrainingState: what trains, wired once from a resolved config (the step, its LR schedule, the
-input path to the device), and every piece of state a resume needs, saved and restored as one dict.
+"""What trains and all of its state, wired once from a resolved config.
 
-The engine and every benchmark build their training through ``TrainingState``, so a change to
-the schedule, the input dtype or the layout is made here once.
+``TrainStep``: the training step and what it owns (model, optimizer, precision, EMA).
+``TrainingState``: the step, its LR schedule, the input path to the device, the run's position
+(epoch, epoch_step, global_step, best top-1, finished), every piece of state a resume needs (one
+``state_dict()``, the checkpoint) and the resume policy (which checkpoint, when to refuse and why).
+The engine and every benchmark build their training through ``TrainingState``, so a change to the
+schedule, the input dtype or the layout is made here once.
 """
+import contextlib
 import re
+import types
 import warnings
 
 import torch
+from torch import nn
 
+from mobilenet import checkpoint as ckpt
+from mobilenet.amp import build_precision
 from mobilenet.config import thaw
 from mobilenet.data.prefetch import DevicePrefetcher
-from mobilenet.device import device_module
+from mobilenet.device import compiled, device_module
+from mobilenet.distributed import from_rank0, wrap_ddp
+from mobilenet.ema import WeightEMA
 from mobilenet.errors import UsageError
-from mobilenet.model import load_weights, unwrap_state_dict
-from mobilenet.optim import build_scheduler, hold_lr_in_tensors, plain_numbers
-from mobilenet.step import build_train_step
+from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
+from mobilenet.optim import (build_optimizer, build_scheduler, hold_lr_in_tensors, hyperparameters, plain_numbers,
+                             zero_grad_to_none)
 
-# A step the loss scaler skips (an overflow) advances the schedule without optimizer.step(), on
-# purpose: the LR follows the step count. torch warns about that order once; it is not a mistake here.
-warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+NO_PHASE = contextlib.nullcontext()
+
+
+def no_phase(name):
+    return NO_PHASE
+
+
+class TrainStep:
+    """``loss = step(images, labels)``: forward, loss, backward, unscale, optimizer step, zero_grad
+    and the EMA update, in one call, for the loop to call and for a device graph to capture.
+
+    Owns the network (``net`` bare, ``model`` as called: DDP-wrapped in distributed runs, compiled
+    under train.compile), the optimizer (``implementation``: loop|foreach|torch_fused|npu_fused|
+    apex_npu_fused, as resolved), the precision (amp level, loss scaling, O2 masters) and the EMA.
+    The step reads nothing back to the host, except the loss scaler's overflow check for
+    optimizers without a device-side skip (documented there). ``phase``: a function name ->
+    context manager that wraps each phase (timing and op counts in mobilenet.measure); a no-op by
+    default.
+    """
+
+    def __init__(self, *, net, model, optimizer, precision, criterion, implementation, algorithm="sgd",
+                 ema=None, compiled=False):
+        self.net, self.model, self.optimizer = net, model, optimizer
+        self.precision, self.criterion, self.ema = precision, criterion, ema
+        self.implementation, self.algorithm, self.compiled = implementation, algorithm, compiled
+        self.set_to_none = zero_grad_to_none(implementation)
+        self.phase = no_phase
+
+    def __call__(self, images, labels):
+        phase, precision, optimizer = self.phase, self.precision, self.optimizer
+        with phase("forward"), precision.autocast():
+            logits = self.model(images)
+        with phase("loss"), precision.autocast():
+            loss = self.criterion(logits.float(), labels)
+        with phase("backward"):
+            precision.backward(loss, optimizer)
+        with phase("unscale"):
+            precision.unscale(optimizer)
+        with phase("optimizer"):
+            precision.step(optimizer)
+        with phase("zero_grad"):
+            precision.zero_grad(self.net, optimizer, self.set_to_none)
+        if self.ema is not None:
+            with phase("ema"):
+                self.ema.update()
+        return loss.detach()
+
+    def train(self, freeze_bn=False):
+        """Training mode; ``freeze_bn``: BatchNorm layers keep using their running statistics."""
+        self.model.train()
+        if freeze_bn:
+            for module in self.net.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+
+    def eval_nets(self):
+        """{label: network} to validate: the network, and its EMA when there is one."""
+        return {"": self.net, **({"EMA": self.ema.module} if self.ema is not None else {})}
+
+    def optimizer_params(self):
+        """The tensors the optimizer updates (the fp32 masters under O2)."""
+        return (p for group in self.optimizer.param_groups for p in group["params"])
+
+    def metrics(self):
+        return self.precision.metrics()
+
+
+def build_train_step(cfg, device):
+    """The TrainStep for a resolved config, on ``device`` (the process's card)."""
+    derived, model_cfg, optim = cfg["derived"], cfg["model"], cfg["optim"]
+    implementation = derived["optimizer_implementation"]
+    net = MobileNetV1(width_mult=model_cfg["width_mult"], num_classes=model_cfg["num_classes"])
+    if model_cfg["pretrained"]:
+        load_weights(net, ckpt.load_checkpoint(model_cfg["pretrained"]), model_cfg["pretrained"])
+    if model_cfg["sync_bn"] and derived["world_size"] > 1:
+        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    layout = torch.channels_last if derived["channels_last"] else torch.contiguous_format
+    net = net.to(device, memory_format=layout)
+    precision = build_precision(cfg["amp"], backend=derived["amp_backend"], device=device, net=net,
+                                skip_on_device=implementation == "torch_fused")
+    optimizer = build_optimizer(precision.params(net), implementation=implementation, name=optim["name"],
+                                lr=derived["lr"], weight_decay=optim["weight_decay"],
+                                no_decay_bn_bias=optim["no_decay_bn_bias"], **hyperparameters(optim))
+    net, optimizer = precision.initialize(net, optimizer)
+    decay = cfg["train"]["ema_decay"]
+    ema = WeightEMA(net, decay) if decay > 0 else None
+    model = wrap_ddp(net, derived["world_size"], device)
+    if derived["compile"]:  # net stays eager: checkpoints keep their keys, validation runs it
+        model = compiled(model, **derived["compile"])
+        if implementation != "npu_fused":  # NpuFused* manage their own combined buffers
+            hold_lr_in_tensors(optimizer)
+            # a bound method again, as LR schedulers expect to find and wrap
+            optimizer.step = types.MethodType(torch.compile(type(optimizer).step), optimizer)
+    return TrainStep(net=net, model=model, optimizer=optimizer, compiled=derived["compile"] is not None,
+                     precision=precision, ema=ema, implementation=implementation, algorithm=optim["name"],
+                     criterion=nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"]))
 
 
 class TrainingState:
-    """Owns the TrainStep (model, optimizer, precision, EMA), the per-iteration LR schedule over
-    ``steps_per_epoch`` steps an epoch, and the run's position (``epoch``: epochs completed,
-    ``step``: batches done in the epoch under way) and best top-1. ``state_dict()`` is the
-    checkpoint (Ascend ModelZoo's keys epoch, arch, state_dict, best_prec1, optimizer, plus ours);
-    ``load_state_dict()`` restores it, or only the weights of a file that is no training checkpoint."""
+    """Owns the TrainStep, the per-iteration LR schedule over ``steps_per_epoch`` steps an epoch,
+    and the run's position: ``epoch`` (epochs completed), ``epoch_step`` (batches done in the epoch
+    under way), ``global_step`` (steps trained since the run began), the best top-1, and
+    ``resumed_at`` (the global step a resumed run continues after; None for a fresh run).
+    ``state_dict()`` is the checkpoint (Ascend ModelZoo's keys epoch, arch, state_dict,
+    best_prec1, optimizer, plus ours); ``resume()`` picks and restores one."""
 
     def __init__(self, cfg, device, steps_per_epoch):
         self.cfg, self.device, self.steps_per_epoch = cfg, device, steps_per_epoch
@@ -35,9 +139,11 @@ class TrainingState:
         self.scheduler = build_scheduler(self.train_step.optimizer, schedule=cfg["schedule"],
                                          base_lr=cfg["derived"]["lr"], steps_per_epoch=steps_per_epoch,
                                          epochs=cfg["train"]["epochs"])
-        self.epoch, self.step, self.best_top1 = 0, 0, 0.0
+        self.epoch, self.epoch_step, self.best_top1 = 0, 0, 0.0
+        self.resumed_at = None
         self.data = None  # {"train": data_record, "val": ...}: what the run trains on (set by its builder)
 
+    # What the loop needs of the step, so that it never reaches into it.
     def batches(self, loader):
         """``loader``'s uint8 batches on the device, normalised, in the layout and dtype the step takes."""
         return DevicePrefetcher(loader, self.device, self.cfg["derived"]["channels_last"],
@@ -46,18 +152,85 @@ class TrainingState:
     def train_on(self, images, labels):
         """One training step and the schedule's; returns the loss (on the device)."""
         loss = self.train_step(images, labels)
-        self.scheduler.step()
-        self.step += 1
+        if self.global_step:
+            self.scheduler.step()
+        else:  # torch checks the order at the schedule's first step only
+            with warnings.catch_warnings():
+                # A step the loss scaler skipped made no optimizer.step(), on purpose: the LR follows
+                # the step count. torch warns about that order; here it is no mistake.
+                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+                self.scheduler.step()
+        self.epoch_step += 1
         return loss
+
+    def train(self, freeze_bn=False):
+        self.train_step.train(freeze_bn)
+
+    def eval_nets(self):
+        return self.train_step.eval_nets()
+
+    def autocast(self):
+        return self.train_step.precision.autocast()
+
+    def lr(self):
+        return float(self.train_step.optimizer.param_groups[0]["lr"])  # a tensor under train.compile
+
+    def metrics(self):
+        """The precision's own metrics (loss scale, skipped steps) as numbers."""
+        return {name: float(value) for name, value in self.train_step.metrics().items()}
+
+    def skips_bad_steps(self):
+        """Whether a non-finite loss is a step the dynamic loss scaler skips (else the run diverged)."""
+        return self.train_step.precision.dynamic_loss_scale
+
+    def set_phase_hook(self, hook):
+        """``hook(name)``: a context manager around each phase of the step (mobilenet.measure)."""
+        self.train_step.phase = hook
+
+    def phase(self, name):
+        """The phase hook around a phase of the loop's own (its wait for data)."""
+        return self.train_step.phase(name)
 
     def weights_finite(self):
         """Whether every weight is finite (one device read: for saves between loss checks)."""
         params = list(self.train_step.optimizer_params())
         return bool(torch.stack([p.detach().isfinite().all() for p in params]).all())
 
+    # The position.
+    @property
+    def global_step(self):
+        return self.epoch * self.steps_per_epoch + self.epoch_step
+
+    @property
+    def total_steps(self):
+        """The steps the run trains: all epochs', or train.max_steps when that is fewer."""
+        train = self.cfg["train"]
+        every = train["epochs"] * self.steps_per_epoch
+        return min(every, train["max_steps"]) if train["max_steps"] else every
+
+    @property
+    def finished(self):
+        return self.global_step >= self.total_steps
+
+    @property
+    def mid_epoch(self):
+        """Whether the epoch under way has batches left (a signal stopped it, or it has not begun)."""
+        return self.epoch_step < self.steps_per_epoch and not self.finished
+
+    def end_epoch(self, top1, scored):
+        """After an epoch's validation: the best top-1 kept and, when the epoch is whole, the next
+        one begun (one that train.max_steps cut short stays where it is). Returns whether it is a
+        new best."""
+        if self.epoch_step == self.steps_per_epoch:
+            self.epoch, self.epoch_step = self.epoch + 1, 0
+        is_best = scored > 0 and top1 > self.best_top1
+        self.best_top1 = max(self.best_top1, top1)
+        return is_best
+
+    # The checkpoint.
     def state_dict(self):
         step = self.train_step
-        return {"arch": "mobilenet_v1", "epoch": self.epoch, "step": self.step,
+        return {"arch": "mobilenet_v1", "epoch": self.epoch, "epoch_step": self.epoch_step,
                 "best_prec1": self.best_top1, "rng": rng_states(self.device),
                 "state_dict": step.precision.weights(step.net),  # the fp32 masters under O2
                 "optimizer": plain_numbers(step.optimizer.state_dict()),
@@ -66,84 +239,138 @@ class TrainingState:
                 "ema": step.ema.state_dict() if step.ema is not None else None,
                 "data": self.data, "config": thaw(self.cfg)}
 
-    def load_state_dict(self, state, source="checkpoint"):
-        """The weights of ``state`` (ours or ModelZoo's); all the rest too when it is a training
-        checkpoint, which this run must be able to continue (a UsageError says what differs).
-        Returns whether it was a training checkpoint."""
+    def load_state_dict(self, checkpoint, source="checkpoint"):
+        """The weights of ``checkpoint`` (ours or ModelZoo's); all the rest too when it is a
+        training checkpoint, which this run must be able to continue (a UsageError says what
+        differs). Returns whether it was a training checkpoint."""
         step = self.train_step
-        load_weights(step.net, state, source)
-        step.precision.load_weights(unwrap_state_dict(state))
-        if not is_training_checkpoint(state):
+        load_weights(step.net, checkpoint, source)
+        step.precision.load_weights(unwrap_state_dict(checkpoint))
+        if not is_training_checkpoint(checkpoint):
             return False
-        self.check_resumable(state, source)
-        step.optimizer.load_state_dict(state["optimizer"])
+        self.check_resumable(checkpoint, source)
+        step.optimizer.load_state_dict(checkpoint["optimizer"])
         if step.compiled:  # load_state_dict put the saved float LRs where the tensors were
             hold_lr_in_tensors(step.optimizer)
-        step.precision.load_state_dict(state.get("amp") or {})
-        if step.ema is not None and state.get("ema"):
-            step.ema.load_state_dict(state["ema"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.epoch, self.step, self.best_top1 = state["epoch"], state["step"], float(state["best_prec1"])
-        set_rng_states(state["rng"], self.device)
-        if self.step and self.cfg["train"]["resume_next_epoch"]:  # the rest of the epoch is skipped
-            self.epoch, self.step = self.epoch + 1, 0
+        step.precision.load_state_dict(checkpoint.get("amp") or {})
+        if step.ema is not None and checkpoint.get("ema"):
+            step.ema.load_state_dict(checkpoint["ema"])
+        self.scheduler.load_state_dict(checkpoint["scheduler"])
+        self.epoch, self.epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
+        self.best_top1 = float(checkpoint["best_prec1"])
+        set_rng_states(checkpoint["rng"], self.device)
+        if self.epoch_step and self.cfg["train"]["resume_next_epoch"]:  # the rest of the epoch is skipped
+            self.epoch, self.epoch_step = self.epoch + 1, 0
             self.scheduler.last_epoch = self.epoch * self.steps_per_epoch - 1
             self.scheduler.step()  # the LR of the next epoch's first step
         return True
 
-    def changes_since(self, state):
-        """What a resume of ``state`` changes (global batch, LR, data order, the data), as notes."""
+    # The resume policy.
+    def resume(self, resume, *, fallback=None, evaluate_only=False, say=print):
+        """Loads a checkpoint ('auto': the one of the run directory that got furthest, else
+        ``fallback``; none: a fresh start, said). Rank 0 reads it and sends it to the others: every
+        rank continues from the same state, and nodes without a shared file system need no copy of
+        the run directory. Sets ``resumed_at`` unless it gave only weights."""
+        output = self.cfg["output"]
+        path, checkpoint = from_rank0(lambda: choose_checkpoint(resume, fallback, evaluate_only, output, say))
+        if checkpoint is None:  # a restart before the first save, say: the first round's records go
+            self.resumed_at = 0
+            return
+        if self.load_state_dict(checkpoint, path):
+            self.resumed_at = self.global_step
+        say(f"resumed from {path} (epoch {self.epoch}, step {self.epoch_step})")
+        for change in self.changes_since(checkpoint):
+            say(f"note: {change}")
+
+    def changes_since(self, checkpoint):
+        """What a resume of ``checkpoint`` changes (global batch, LR, data order, the data), as notes."""
         notes = []
-        derived = (state.get("config") or {}).get("derived") or {}
+        derived = (checkpoint.get("config") or {}).get("derived") or {}
         was = (derived.get("world_size"), derived.get("global_batch"), derived.get("lr"))
         now = tuple(self.cfg["derived"][key] for key in ("world_size", "global_batch", "lr"))
         if None not in was and was != now:
             notes.append(f"the checkpoint trained with {was[0]} process(es), global batch {was[1]}, lr {was[2]:g}; "
                          f"this run has {now[0]}, {now[1]}, lr {now[2]:g}, and so another data order")
-        unknown = sorted(str(key) for key in state if key not in KNOWN_KEYS)
+        unknown = sorted(str(key) for key in checkpoint if key not in KNOWN_KEYS)
         if unknown:
             notes.append(f"the checkpoint's keys {', '.join(unknown[:8])} are not this app's; ignored")
-        if not state.get("data"):
+        if not checkpoint.get("data"):
             notes.append("the checkpoint records no description of its data (written before they were "
                          "recorded), so whether the data changed could not be checked")
-        elif data_changes(state["data"], self.data):
-            notes.append(f"the data changed since the checkpoint: {data_changes(state['data'], self.data)}")
-        if state["step"] and self.cfg["train"]["resume_next_epoch"]:
-            notes.append(f"train.resume_next_epoch: the rest of epoch {state['epoch']} (from step {state['step']}) "
-                         f"is skipped; training goes on at epoch {self.epoch}")
+        elif data_changes(checkpoint["data"], self.data):
+            notes.append(f"the data changed since the checkpoint: {data_changes(checkpoint['data'], self.data)}")
+        if checkpoint.get("epoch_step") and self.cfg["train"]["resume_next_epoch"]:
+            notes.append(f"train.resume_next_epoch: the rest of epoch {checkpoint['epoch']} (from step "
+                         f"{checkpoint['epoch_step']}) is skipped; training goes on at epoch {self.epoch}")
         return notes
 
-    def check_resumable(self, state, source):
+    def check_resumable(self, checkpoint, source):
         """The one place that says why a training checkpoint cannot continue in this run."""
         weights_only = f"to start from its weights only, pass model.pretrained={source} instead of --resume"
         for key, expected, fits in FIELDS:
-            if not fits(state.get(key)):
+            if not fits(checkpoint.get(key)):
                 raise UsageError(f"{source}: not a checkpoint this app can resume: its '{key}' is "
-                                 f"{str(state.get(key))[:40]!r} ({type(state.get(key)).__name__}), expected "
-                                 f"{expected}; {weights_only}")
-        saved = ((state.get("config") or {}).get("optim") or {}).get("name")
+                                 f"{str(checkpoint.get(key))[:40]!r} ({type(checkpoint.get(key)).__name__}), "
+                                 f"expected {expected}; {weights_only}")
+        saved = ((checkpoint.get("config") or {}).get("optim") or {}).get("name")
         algorithm = self.cfg["optim"]["name"]
         if saved and saved != algorithm:
             raise UsageError(f"{source}: trained with optimizer {saved}, this run uses {algorithm} "
                              f"(optim.name); {weights_only}")
-        saved = state.get("config") or {}
+        saved = checkpoint.get("config") or {}
         was = ((saved.get("derived") or {}).get("world_size"), (saved.get("data") or {}).get("batch_size"))
         now = (self.cfg["derived"]["world_size"], self.cfg["data"]["batch_size"])
-        if state["step"] and None not in was and was != now:
-            raise UsageError(f"{source}: stopped mid-epoch (step {state['step']}) with {was[0]} process(es) x "
+        epoch, epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
+        if epoch_step and None not in was and was != now:
+            raise UsageError(f"{source}: stopped mid-epoch (step {epoch_step}) with {was[0]} process(es) x "
                              f"data.batch_size {was[1]}; this run has {now[0]} x {now[1]}, so the epoch would "
                              f"go on from another place; resume with {was[0]} x {was[1]}, or from a checkpoint "
                              f"written at an epoch's end")
-        changed = data_changes(state.get("data"), self.data)
-        if state["step"] and changed and "train:" in changed and not self.cfg["train"]["resume_next_epoch"]:
-            raise UsageError(f"{source}: stopped mid-epoch (epoch {state['epoch']}, step {state['step']}) on "
+        changed = data_changes(checkpoint.get("data"), self.data)
+        if epoch_step and changed and "train:" in changed and not self.cfg["train"]["resume_next_epoch"]:
+            raise UsageError(f"{source}: stopped mid-epoch (epoch {epoch}, step {epoch_step}) on "
                              f"other data ({changed}), so that epoch cannot go on; restore the data, or go on "
-                             f"from the start of epoch {state['epoch'] + 1} with train.resume_next_epoch=true")
-        groups = [len(group["params"]) for group in state["optimizer"].get("param_groups", [])]
+                             f"from the start of epoch {epoch + 1} with train.resume_next_epoch=true")
+        groups = [len(group["params"]) for group in checkpoint["optimizer"].get("param_groups", [])]
         own = [len(group["params"]) for group in self.train_step.optimizer.param_groups]
         if groups != own:
             raise UsageError(f"{source}: its optimizer has parameter groups of {groups} tensors, this "
                              f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
+
+
+def choose_checkpoint(resume, fallback, evaluate_only, output, say):
+    """(path, checkpoint dict) to resume from, or (None, None) to start fresh (said)."""
+    if resume != "auto":
+        checkpoint = ckpt.load_checkpoint(resume)
+        if not evaluate_only:
+            refuse_going_back(resume, checkpoint, output)
+        return str(resume), checkpoint
+    found = ckpt.load_latest(output, say, is_training_checkpoint)
+    if found is not None:
+        return str(found[0]), found[1]
+    if fallback:
+        return str(fallback), ckpt.load_checkpoint(fallback)
+    if evaluate_only:  # random weights are nothing to evaluate
+        raise UsageError(f"--evaluate --resume auto: no checkpoint in {output}/checkpoints; "
+                         f"pass --output of a run that has one, or --resume FILE")
+    say(f"--resume auto: no checkpoint in {output}, starting fresh")
+    return None, None
+
+
+def refuse_going_back(resume, checkpoint, output):
+    """A run resumed from ``resume`` saves over the run directory's last.pt: refused when that
+    directory holds a checkpoint of a later position (it would be replaced by an earlier one)."""
+    if not is_training_checkpoint(checkpoint):
+        return
+    try:
+        later = ckpt.load_latest(output, lambda line: None, is_training_checkpoint)
+    except UsageError:  # nothing there can continue a run: nothing to lose
+        return
+    at = (checkpoint["epoch"], checkpoint["epoch_step"])
+    if later and (later[1]["epoch"], later[1]["epoch_step"]) > at:
+        raise UsageError(f"--resume {resume} is at epoch {at[0]} step {at[1]}, but {later[0]} is further "
+                         f"(epoch {later[1]['epoch']} step {later[1]['epoch_step']}) and this run would save "
+                         f"over it; to branch from {resume}, pass another --output")
 
 
 def whole(value):
@@ -151,12 +378,12 @@ def whole(value):
 
 
 # The fields of a training checkpoint that a resume reads, what each must be, and the test.
-FIELDS = [("epoch", "a whole number", whole), ("step", "a whole number", whole),
+FIELDS = [("epoch", "a whole number", whole), ("epoch_step", "a whole number", whole),
           ("best_prec1", "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
           ("optimizer", "an optimizer state dict", lambda v: isinstance(v, dict) and "param_groups" in v),
           ("scheduler", "a scheduler state dict", lambda v: isinstance(v, dict)),
           ("rng", "the random generators' states", lambda v: isinstance(v, dict) and "torch" in v)]
-KNOWN_KEYS = {"arch", "epoch", "step", "best_prec1", "rng", "state_dict", "optimizer", "scheduler", "amp",
+KNOWN_KEYS = {"arch", "epoch", "epoch_step", "best_prec1", "rng", "state_dict", "optimizer", "scheduler", "amp",
               "ema", "data", "config"}
 
 
@@ -176,10 +403,10 @@ def data_changes(was, now):
     return "; ".join(changes)
 
 
-def is_training_checkpoint(state):
+def is_training_checkpoint(checkpoint):
     """Whether a checkpoint dict can continue a run (ours), not only give weights (ModelZoo's own
     and weights files have no scheduler)."""
-    return bool(state.get("optimizer")) and bool(state.get("scheduler"))
+    return bool(checkpoint.get("optimizer")) and bool(checkpoint.get("scheduler"))
 
 
 def rng_states(device):

@@ -13,6 +13,7 @@ the process that hangs), says what it found and ends the process; one reads the 
 pipe, which the C-level handler writes at once (Python's own handlers wait until the main thread
 is back from C, which a stuck collective or a stopped worker may never allow).
 """
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -77,8 +78,14 @@ class Watchdog:
                         end_process(STOPPED.format(name=name), 128 + number,
                                     echo=not os.environ.get(ERROR_DIR))
 
-    def enter(self, phase):
+    @contextlib.contextmanager
+    def waiting(self, phase):
+        """The process waits for ``phase`` ('data': a training batch, 'val-data') within the block."""
         self.phase, self.phase_start = phase, time.monotonic()
+        try:
+            yield
+        finally:
+            self.phase = None
 
     def phase_seconds(self):
         return time.monotonic() - self.phase_start
@@ -89,13 +96,18 @@ class Watchdog:
         self.last = time.monotonic()
 
     def publish(self):
-        """Every PUBLISH_EVERY_S: this rank's step, when it made it, that it is alive, and its phase."""
-        store = default_store()
-        while store is not None and not self.stopped.wait(PUBLISH_EVERY_S):
+        """Every PUBLISH_EVERY_S from the first beat on (that one at once: a fast run can stop
+        within seconds): this rank's step, when it made it, that it is alive, and its phase."""
+        store, published = default_store(), False
+        while store is not None and not self.stopped.wait(PUBLISH_EVERY_S if published else 0.1):
             if self.last is not None:
+                published = True
                 now = time.time()
                 progress_at = now - (time.monotonic() - self.last)
-                store.set(KEY.format(self.world.rank), f"{self.step} {progress_at} {now} {self.phase or '-'}")
+                try:
+                    store.set(KEY.format(self.world.rank), f"{self.step} {progress_at} {now} {self.phase or '-'}")
+                except Exception:  # noqa: BLE001  a store that fails once must not end the reports
+                    continue
 
     def check(self):
         while not self.stopped.wait(min(1.0, self.timeout / 10)):

@@ -11,7 +11,7 @@
   ceiling     the app's loop against plain loops on its DataLoader and on a static batch
 
 `python scripts/bench.py NAME --help` lists a benchmark's options. Each runs its variants in one
-process in interleaved rounds (mobilenet.harness) and prints a markdown table; --json FILE writes
+process in interleaved rounds (benchmarks/harness.py) and prints a markdown table; --json FILE writes
 its numbers. The code of each is scripts/benchmarks/NAME.py.
 """
 import importlib.util
@@ -20,12 +20,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "scripts" / "benchmarks"
-sys.path.insert(0, str(ROOT))  # the checkout's package, also where it is not pip-installed
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the checkout's package and benchmarks.harness
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    names = sorted(p.stem.replace("_", "-") for p in BENCHMARKS.glob("*.py"))
+    names = sorted(p.stem.replace("_", "-") for p in BENCHMARKS.glob("*.py") if p.stem != "harness")
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2

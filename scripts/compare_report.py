@@ -42,11 +42,11 @@ def plot(runs, path):
     import matplotlib.pyplot as plt
     fig, (speed, loss) = plt.subplots(1, 2, figsize=(11, 4))
     for name, (_, train) in runs.items():
-        steps = [r["step"] for r in train]
+        steps = [r.get("global_step", r.get("step")) for r in train]
         speed.plot(steps, [r["img_per_s"] for r in train], label=name)
         loss.plot(steps, [r["loss"] for r in train], label=name)
-    speed.set(title="throughput", xlabel="step", ylabel="img/s")
-    loss.set(title="training loss", xlabel="step", ylabel="loss")
+    speed.set(title="throughput", xlabel="global step", ylabel="img/s")
+    loss.set(title="training loss", xlabel="global step", ylabel="loss")
     for ax in (speed, loss):
         ax.legend()
         ax.grid(alpha=0.3)

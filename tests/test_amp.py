@@ -10,7 +10,7 @@ from mobilenet.amp import NativePrecision, build_precision, choose_backend
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.model import MobileNetV1
 from mobilenet.optim import build_optimizer
-from mobilenet.step import TrainStep
+from mobilenet.training import TrainStep
 
 CPU = torch.device("cpu")
 
@@ -149,7 +149,7 @@ def test_one_optimizer_step_per_iteration_and_checkpointed_state(tmp_path, digit
 
 
 def test_bf16_hint_only_where_amx_pays():
-    from mobilenet.amp import bf16_hint
+    from mobilenet.device import bf16_hint
     from mobilenet.config import build_config, resolve
 
     def hint(features, *overrides, config="imagenet.yaml"):

@@ -16,7 +16,7 @@ from mobilenet.config import build_config, resolve
 from mobilenet.errors import UsageError
 from mobilenet.model import MobileNetV1
 from mobilenet.optim import build_optimizer
-from mobilenet.step import TrainStep
+from mobilenet.training import TrainStep
 from mobilenet.training import TrainingState
 
 APEX = ["amp.backend=apex", "--optimizer", "fused", "optim.momentum=0.9", "train.max_steps_per_epoch=6"]
@@ -66,7 +66,7 @@ def test_apex_path_trains_saves_fp32_and_resumes_bit_identical(apex, tmp_path, d
     a, b = (load_checkpoint(tmp_path / r / "checkpoints" / "last.pt") for r in ("straight", "resumed"))
     summary = json.loads((tmp_path / "straight" / "summary.json").read_text())
     assert summary["optimizer_class"].startswith("apex NpuFusedSGD") and summary["amp_backend"] == "apex"
-    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 0)
+    assert (a["epoch"], a["epoch_step"]) == (b["epoch"], b["epoch_step"]) == (2, 0)
     assert a["amp"] == b["amp"] and a["amp"]["skipped"] > 0  # the dynamic scale starts at 2**16
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key

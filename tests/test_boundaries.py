@@ -115,7 +115,7 @@ def test_a_batch_of_one_trains_where_batchnorm_sees_more_than_one_value(tmp_path
         "data.batch_size=1", f"model.resolution={resolution}", f"train.freeze_bn={freeze_bn}",
         f"output={tmp_path}"]
     if trains:
-        assert run(resolve(build_config(None, overrides)))["steps"] == 1
+        assert run(resolve(build_config(None, overrides)))["global_step"] == 1
     else:
         with pytest.raises(UsageError, match="data.batch_size=1 at model.resolution=32: the last BatchNorm"):
             resolve(build_config(None, overrides))

@@ -253,7 +253,7 @@ def test_resume_with_another_batch_says_what_changes_or_refuses_mid_epoch(two_ep
             "16, lr 0.1, and so another data order") in capsys.readouterr().out
     mid = two_epochs.parent / "mid"
     assert run(digits, mid, "--epochs", "2", "train.max_steps=6") == 0  # stops at epoch 1, step 2
-    assert load_checkpoint(mid / "checkpoints" / "last.pt")["step"] == 2
+    assert load_checkpoint(mid / "checkpoints" / "last.pt")["epoch_step"] == 2
     capsys.readouterr()
     assert run(digits, mid, "--epochs", "2", "data.batch_size=16", "--resume", "auto") == 2
     error = capsys.readouterr().err.strip().splitlines()
@@ -308,7 +308,7 @@ def test_data_that_changed_under_a_mid_epoch_stop_is_refused_or_said(tmp_path, d
     assert f"note: the data changed since the checkpoint: train: 1437 images then, {kept} now" in said
     assert "train.resume_next_epoch: the rest of epoch 1 (from step 2) is skipped; training goes on at epoch 2" in said
     state = load_checkpoint(out / "checkpoints" / "last.pt")
-    assert (state["epoch"], state["step"]) == (3, 0) and state["data"]["train"]["images"] == kept
+    assert (state["epoch"], state["epoch_step"]) == (3, 0) and state["data"]["train"]["images"] == kept
 
 
 def test_a_checkpoint_without_a_data_record_resumes_with_a_note(tmp_path, digits, capsys):
@@ -322,7 +322,7 @@ def test_a_checkpoint_without_a_data_record_resumes_with_a_note(tmp_path, digits
     assert "whether the data changed could not be checked" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("key,value,expected", [("epoch", "1", "a whole number"), ("step", -3, "a whole number"),
+@pytest.mark.parametrize("key,value,expected", [("epoch", "1", "a whole number"), ("epoch_step", -3, "a whole number"),
                                                 ("best_prec1", None, "a number"), ("rng", [], "random generators")])
 def test_a_malformed_field_is_not_a_checkpoint_this_app_can_resume(two_epochs, digits, capsys, tmp_path, key,
                                                                    value, expected):
@@ -369,3 +369,29 @@ def test_a_bug_writes_its_traceback_to_the_run_directory_and_one_line(tmp_path, 
                      f"handle; traceback in {path})"]
     assert "in broken" in path.read_text() and "in train_steps" in path.read_text()
     assert path.read_text().strip().endswith("ZeroDivisionError: injected")
+
+
+def test_a_run_directory_from_before_the_renamed_keys_resumes_and_is_trimmed_right(tmp_path, digits, capsys):
+    """Checkpoints once held the step within the epoch as 'step', metrics.jsonl the global step
+    as 'step': such a run resumes mid-epoch, and its records after the checkpoint go."""
+    out, straight = tmp_path / "old", tmp_path / "straight"
+    assert run(digits, straight, "--epochs", "2", "train.log_every=2") == 0
+    assert run(digits, out, "--epochs", "2", "train.log_every=2", "train.max_steps=6") == 0
+    state = load_checkpoint(out / "checkpoints" / "last.pt")
+    state["step"] = state.pop("epoch_step")
+    torch.save(state, out / "checkpoints" / "last.pt")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records.append({**records[0], "global_step": 7})  # written after the checkpoint, trained again
+    old = [{("step" if key == "global_step" else key): value for key, value in r.items()} for r in records]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    (out / "summary.json").unlink()
+    capsys.readouterr()
+    assert run(digits, out, "--epochs", "2", "train.log_every=2", "--resume", "auto") == 0
+    assert "(epoch 1, step 2)" in capsys.readouterr().out  # 4 steps an epoch (BASE)
+    positions = [(r["kind"], r.get("global_step", r.get("step"))) for r in
+                 map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+    expected = [(r["kind"], r["global_step"]) for r in
+                map(json.loads, (straight / "metrics.jsonl").read_text().splitlines())]
+    assert [p for p in positions if p != ("val", 6)] == expected  # the cut run validated at 6
+    a, b = (load_checkpoint(d / "checkpoints" / "last.pt")["state_dict"] for d in (out, straight))
+    assert all(torch.equal(a[k], b[k]) for k in b)

@@ -33,7 +33,7 @@ def test_trains_saves_and_resumes_on_cuda(tmp_path, digits, case):
     train_digits(digits, tmp_path / "resumed", *CASES[case], "--epochs", "2", "train.max_steps=6")
     train_digits(digits, tmp_path / "resumed", *CASES[case], "--epochs", "2", "--resume", "auto")
     a, b = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt") for run in ("straight", "resumed"))
-    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 0)
+    assert (a["epoch"], a["epoch_step"]) == (b["epoch"], b["epoch_step"]) == (2, 0)
     for key, value in a["state_dict"].items():  # fp32 (the masters under O2); cuDNN's backward
         assert value.dtype == b["state_dict"][key].dtype  # kernels may sum in another order
         if value.is_floating_point():

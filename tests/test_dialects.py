@@ -37,7 +37,7 @@ def test_seed_article_commands_verbatim(tmp_path, impl):
     note = "-b/--batch-size 256 for the node = data.batch_size 256 per process x 1"
     assert config["derived"]["command_line"] == [note]
     assert f"command line: {note}" in result.stdout
-    assert yaml.safe_load((out / "summary.json").read_text())["steps"] == 3
+    assert yaml.safe_load((out / "summary.json").read_text())["global_step"] == 3
 
 
 def test_pytorch_examples_command_equals_native_command(monkeypatch):
@@ -183,7 +183,7 @@ def test_their_performance_command_lines_run(tmp_path, digits, monkeypatch):
     assert one.returncode == 0, one.stderr[-2000:]
     config = yaml.safe_load((tmp_path / "1p" / "config.yaml").read_text())
     assert config["train"]["max_steps_per_epoch"] == 3 and config["amp"]["loss_scale"] == 1024
-    assert yaml.safe_load((tmp_path / "1p" / "summary.json").read_text())["steps"] == 3
+    assert yaml.safe_load((tmp_path / "1p" / "summary.json").read_text())["global_step"] == 3
     port = str(free_port())
     theirs = ["--arch=mobilenet", f"--data={digits}", "--batch_size=64", "--learning-rate=0.8", "--epochs=1",
               "--apex", "--apex-opt-level=O2", "--workers=2", "--print-freq=10", *small, "train.max_steps=3"]

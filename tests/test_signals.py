@@ -56,7 +56,7 @@ def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, digits, straig
     assert "SIGTERM: stopped at epoch 0 step" in rest and "--resume auto" in rest
     assert "Traceback" not in errors
     state = load_checkpoint(out / "checkpoints" / "last.pt")
-    assert state["epoch"] == 0 and 10 <= state["step"] < 44
+    assert state["epoch"] == 0 and 10 <= state["epoch_step"] < 44
     assert not (out / "summary.json").exists()
 
     assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--resume", "auto"]) == 0
@@ -87,7 +87,7 @@ def test_sigterm_to_torchrun_or_every_process_stops_all_ranks_together(tmp_path,
     assert proc.returncode == 0, stderr[-3000:]
     assert not re.search(r"Traceback|killed by signal|exitcode", stderr), stderr[-3000:]
     state = load_checkpoint(out / "checkpoints" / "last.pt")
-    assert state["epoch"] == 0 and 6 <= state["step"] < 40
+    assert state["epoch"] == 0 and 6 <= state["epoch_step"] < 40
     resumed = train_sh(*TWO_RANKS, "--output", out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 1
@@ -107,7 +107,7 @@ def test_sighup_with_the_terminal_gone_saves_and_resumes_bit_identical(tmp_path,
     assert proc.wait(timeout=120) == 0, errors[-2000:]
     assert "Traceback" not in errors
     state = load_checkpoint(out / "checkpoints" / "last.pt")
-    assert state["epoch"] == 0 and 10 <= state["step"] < 44
+    assert state["epoch"] == 0 and 10 <= state["epoch_step"] < 44
     assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--resume", "auto"]) == 0
     assert_same_weights(straight_demo, out)
 
@@ -123,7 +123,7 @@ def test_steps_replayed_after_a_kill_are_recorded_once(tmp_path, digits, straigh
             break
     proc.communicate(timeout=60)
     assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--resume", "auto"]) == 0
-    steps = [[(r["kind"], r["step"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    steps = [[(r["kind"], r["global_step"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
              for run in (straight_demo, out)]
     assert steps[1] == steps[0]
     events = []
@@ -142,7 +142,7 @@ def test_resume_auto_without_a_checkpoint_drops_the_records_it_trains_again(tmp_
     shutil.rmtree(out / "checkpoints")  # as if it died before its first save
     (out / "summary.json").unlink()
     assert train.main([*DEMO, "--data", str(digits), "--output", str(out), "--epochs", "1", "--resume", "auto"]) == 0
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["global_step"] for line in (out / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["kind"] == "train"]
     assert steps == sorted(set(steps)) and steps
 
@@ -177,7 +177,7 @@ def test_two_signals_in_a_row_save_once_and_exit_zero(tmp_path, digits, sig, gap
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0 and stderr == "", stderr[-3000:]
     assert stdout.count(f"{sig.name}: stopped at epoch 0 step") == 1
-    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"] >= 10
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["epoch_step"] >= 10
 
 
 def start_up_handlers(pid, timeout=30):

@@ -15,7 +15,7 @@ from torchvision import datasets
 from mobilenet.data.decode import EncodedImage, train_transform, val_transform
 from mobilenet.data.demo import DIGITS_ROOT, TRAIN_IMAGES as DIGITS_TRAIN_IMAGES, build_digits
 from mobilenet.data.samplers import ResumableSampler, ShardSampler
-from mobilenet.errors import UsageError
+from mobilenet.errors import UsageError, stop_signals
 
 
 def sample_key(key):
@@ -257,8 +257,7 @@ def build_datasets(data, model):
 
 
 class WorkerSignals:
-    """Whether the loader's workers outlive SIGTERM/SIGINT/SIGHUP (a SIGHUP ignored since the run
-    started, under nohup, stays ignored). While the run trains (``protect()``)
+    """Whether the loader's workers outlive the stop signals (errors.stop_signals). While the run trains (``protect()``)
     they do: torchrun, Slurm, `timeout` and Ctrl-C signal the whole process group or every process,
     and the run, which stops after its step and saves, ends the workers itself. Otherwise they end
     at once, so that the loader and multiprocessing can shut them down (both use SIGTERM)."""
@@ -267,9 +266,8 @@ class WorkerSignals:
         self.protected = multiprocessing.Value("b", 0, lock=False)  # shared with the workers
 
     def worker_init(self, worker_id):
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            if signal.getsignal(signum) != signal.SIG_IGN:  # inherited from the run at the fork
-                signal.signal(signum, self.handle)
+        for signum in stop_signals():
+            signal.signal(signum, self.handle)
 
     def handle(self, signum, frame):
         if not self.protected.value:

@@ -19,7 +19,7 @@ OPTIMIZERS = {"standard": ["optim.impl=standard"], "fused": ["optim.impl=fused"]
 
 
 def main(argv=None):
-    from mobilenet.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--levels", nargs="+", default=["O0", "O1", "O2"])
@@ -27,7 +27,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=12)
     args, overrides = p.parse_known_args(argv)
     from mobilenet.device import cpu_bf16_features, cpu_model
-    from mobilenet.harness import interleave, markdown_table, training_img_per_s, write_json
+    from benchmarks.harness import interleave, markdown_table, training_img_per_s, write_json
     variants = {}
     for model in args.models:
         config, settings = MODELS[model]

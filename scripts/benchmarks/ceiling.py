@@ -171,7 +171,7 @@ def case_name(case):
 
 
 def main(argv=None):
-    from mobilenet.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--cases", nargs="+", default=["eager/64/O1-bfloat16/torch_fused"])
     p.add_argument("--steps", type=int, default=40)
@@ -181,7 +181,7 @@ def main(argv=None):
     from mobilenet.config import build_config, resolve
     from mobilenet.device import choose_device, cpu_model, describe, open_device
     from mobilenet.errors import UsageError
-    from mobilenet.harness import interleave, interval_note, markdown_table, training_img_per_s, write_json
+    from benchmarks.harness import interleave, interval_note, markdown_table, training_img_per_s, write_json
     cases = [parse_case(text) for text in args.cases]
     device = open_device(choose_device(args.device))
     if device.type != "cuda" and any(case["kind"] == "graphed" for case in cases):

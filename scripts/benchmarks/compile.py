@@ -21,7 +21,7 @@ MODELS = {"demo": (ROOT / "configs" / "demo.yaml", ["data.path=digits"]),
 
 
 def main(argv=None):
-    from mobilenet.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--levels", nargs="+", default=["O0", "O1"])
@@ -30,7 +30,7 @@ def main(argv=None):
     p.add_argument("--log-every", type=int, default=4)
     args, overrides = p.parse_known_args(argv)
     from mobilenet.device import cpu_model
-    from mobilenet.harness import interleave, markdown_table, training_img_per_s, write_json
+    from benchmarks.harness import interleave, markdown_table, training_img_per_s, write_json
     variants = {}
     for model in args.models:
         config, settings = MODELS[model]

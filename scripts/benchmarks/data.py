@@ -100,7 +100,7 @@ def feed_rate(root, resolution, workers, batch, epochs):
 
 
 def main(argv=None):
-    from mobilenet.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__)
     p.add_argument("--data", help="an ImageFolder root with train/ (default: generated photos)")
     p.add_argument("--images", type=int, default=300)
@@ -110,7 +110,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     import torch
 
-    from mobilenet.harness import interleave, markdown_table, write_json
+    from benchmarks.harness import interleave, markdown_table, write_json
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.data or write_photo_folder(tmp, args.images)

@@ -35,7 +35,7 @@ def timed_step(args, overrides, impl, ema):
     from mobilenet.measure import count_ops
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device, synchronize
-    from mobilenet.harness import synthetic_batch
+    from benchmarks.harness import synthetic_batch
     from mobilenet.optim import SETTINGS
     from mobilenet.training import TrainingState
     cfg = resolve(build_config(ROOT / "configs" / "synthetic.yaml", [
@@ -64,7 +64,7 @@ def timed_step(args, overrides, impl, ema):
 
 
 def main(argv=None):
-    from mobilenet.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__)
     p.add_argument("--width", type=float, default=0.25)
     p.add_argument("--resolution", type=int, default=32)
@@ -72,7 +72,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=30)
     args, overrides = p.parse_known_args(argv)
     from mobilenet.device import cpu_model
-    from mobilenet.harness import interleave, markdown_table, write_json
+    from benchmarks.harness import interleave, markdown_table, write_json
     variants, ops = {}, {}
     for impl in ("loop", "torch_fused"):
         for ema in ("none", "app", "torch"):

@@ -40,7 +40,7 @@ def launch_us(device, launches=20000):
 def step_timer(cfg, device, batch, steps=3):
     """A function returning ms per TrainStep at ``batch`` (synthetic batch in memory)."""
     from mobilenet.device import synchronize
-    from mobilenet.harness import synthetic_batch
+    from benchmarks.harness import synthetic_batch
     from mobilenet.training import TrainingState
     state = TrainingState(cfg, device, steps_per_epoch=1)
     step = state.train_step
@@ -59,7 +59,7 @@ def step_timer(cfg, device, batch, steps=3):
 
 
 def main(argv=None):
-    from mobilenet.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
     p.add_argument("--width", type=float, default=1.0)
@@ -67,7 +67,7 @@ def main(argv=None):
     p.add_argument("--amp", default="O0", choices=["O0", "O1", "O2"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     args = p.parse_args(argv)
-    from mobilenet.harness import interleave, markdown_table, op_budget, write_json
+    from benchmarks.harness import interleave, markdown_table, op_budget, write_json
     from mobilenet.measure import PHASES
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def budgets(args, overrides):
     """[{implementation, amp, phase counts..., total}] for every implementation and level."""
-    from mobilenet.harness import op_budget
+    from benchmarks.harness import op_budget
     from mobilenet.measure import PHASES
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device
@@ -35,7 +35,7 @@ def budgets(args, overrides):
 
 
 def main(argv=None):
-    from mobilenet.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__, rounds=None)  # counts, not times
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
     p.add_argument("--width", type=float, default=1.0)
@@ -45,7 +45,7 @@ def main(argv=None):
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--ema-decay", type=float, default=0.0)
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.harness import markdown_table, write_json
+    from benchmarks.harness import markdown_table, write_json
     from mobilenet.measure import PHASES
     rows = budgets(args, overrides)
     print(f"aten ops per training step, MobileNetV1 x{args.width} at {args.resolution}px, "

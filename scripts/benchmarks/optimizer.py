@@ -42,7 +42,7 @@ def prepare(optimizer, device, iterations):
 
 
 def main(argv=None):
-    from mobilenet.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__, rounds=7)
     p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
     p.add_argument("--width", type=float, default=1.0)
@@ -52,7 +52,7 @@ def main(argv=None):
 
     import torch
 
-    from mobilenet.harness import interleave, markdown_table, write_json
+    from benchmarks.harness import interleave, markdown_table, write_json
     from mobilenet.device import choose_device, describe, open_device
     from mobilenet.model import MobileNetV1
     from mobilenet.optim import describe_optimizer

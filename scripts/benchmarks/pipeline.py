@@ -51,14 +51,14 @@ def from_memory(args, overrides):
 
 
 def main(argv=None):
-    from mobilenet.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__)
     p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
     p.add_argument("--workers", type=int, nargs="*", help="data.workers values (default: the recipe's)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--log-every", type=int, default=4)
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.harness import interleave, markdown_table, training_img_per_s, write_json
+    from benchmarks.harness import interleave, markdown_table, training_img_per_s, write_json
     variants = {"from memory": from_memory(args, overrides)}
     for workers in args.workers or [None]:
         name = "end to end" + (f", data.workers={workers}" if workers is not None else "")

@@ -1,4 +1,4 @@
-"""The benchmark harness, above the engine: variants measured in interleaved rounds that stay true
+"""The benchmark harness, above the app's package: variants measured in interleaved rounds that stay true
 on a shared machine, the app's own loop timed over a short run, the launch budget of a step."""
 import argparse
 import contextlib
@@ -15,7 +15,7 @@ from mobilenet.config import build_config, resolve
 from mobilenet.engine import COMPILE_STEPS, run
 from mobilenet.errors import UsageError
 from mobilenet.measure import PHASES, OpCounter, OtherLoad, PhaseOps, count_ops
-from mobilenet.step import no_phase
+from mobilenet.training import no_phase
 from mobilenet.training import TrainingState
 
 
