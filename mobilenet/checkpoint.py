@@ -5,11 +5,14 @@ The dict uses the Ascend ModelZoo keys (epoch, arch, state_dict, best_prec1, opt
 files and theirs load through the same code; ours add epoch_step (batches done in the epoch under
 way), scheduler, amp, ema, rng, data and config.
 """
+import contextlib
 import fcntl
 import io
+import json
 import os
 import pickle
 import re
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -213,3 +216,40 @@ class RunLock:
 
     def __exit__(self, *exc):
         self.file.close()  # releases the lock
+
+
+@contextlib.contextmanager
+def claim_run_directory(run_dir, *, resume, start_over, claim=True):
+    """The run directory's lock, held for the whole run (by rank 0: ``claim``), with the temporary
+    files of saves that a crash interrupted removed; a directory that holds a run is not trained
+    over unless the run resumes it or starts over (which removes its files)."""
+    if not claim:
+        yield
+        return
+    with RunLock(run_dir):
+        for path in remove_temporaries(run_dir):
+            print(f"removed {path}, left by an interrupted save", flush=True)
+        previous = run_files(run_dir)
+        if previous and not resume:
+            if not start_over:
+                raise UsageError(f"--output {run_dir} holds a run ({previous[0].name}, ...); continue it "
+                                 f"with --resume auto, start over there with --start-over (its files go), "
+                                 f"or pass another --output")
+            for path in previous:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            print(f"--start-over: removed the previous run's files from {run_dir}", flush=True)
+        yield
+
+
+def read_summary(path, say):
+    """A finished run's summary.json; {} (said) when it is missing or damaged."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        say(f"note: {path} is unreadable ({type(e).__name__}); the checkpoints are intact")
+        return {}

@@ -1,9 +1,7 @@
 """The run: builds everything from the resolved config, trains the epochs, validates, writes the run."""
-import contextlib
 import itertools
 import json
 import math
-import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -21,8 +19,8 @@ from mobilenet.device import bf16_hint, describe, open_device, peak_memory_mb, s
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
                                    host_group, init_process_group, world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
-from mobilenet.logging import RunLogger, accuracy_line, progress_line
-from mobilenet.measure import DataWaitHint, EpochMeter, OtherLoad, StepBreakdown, named_phase, profiler
+from mobilenet.logging import DataWaitHint, RunLogger, accuracy_line, progress_line, run_description
+from mobilenet.measure import EpochMeter, OtherLoad, StepBreakdown, named_phase, profiler
 from mobilenet.optim import describe_optimizer
 from mobilenet.training import TrainingState
 from mobilenet.watchdog import Watchdog, kill_loader_workers
@@ -135,7 +133,9 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
         fallback = None
         if restarted:  # every rank resumes, from the one checkpoint rank 0 picks (restore)
             resume, fallback = "auto", resume
-        with run_directory(cfg, world, evaluate_only, resume, start_over):
+        # rank 0 holds the run directory; evaluation writes nothing
+        with ckpt.claim_run_directory(cfg["output"], resume=resume, start_over=start_over,
+                                      claim=world.is_main and not evaluate_only):
             r = build_run(cfg, world, device)
             if restarted:
                 r.log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
@@ -151,33 +151,6 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
         destroy()
 
 
-@contextlib.contextmanager
-def run_directory(cfg, world, evaluate_only, resume, start_over):
-    """Rank 0 holds the run directory's lock for the whole run and removes the temporary files of
-    saves that a crash interrupted; a directory that holds a run is not trained over unless the
-    run resumes it or starts over (which removes its files). Evaluation writes nothing and takes
-    no lock."""
-    if evaluate_only or not world.is_main:
-        yield
-        return
-    with ckpt.RunLock(cfg["output"]):
-        for path in ckpt.remove_temporaries(cfg["output"]):
-            print(f"removed {path}, left by an interrupted save", flush=True)
-        previous = ckpt.run_files(cfg["output"])
-        if previous and not resume:
-            if not start_over:
-                raise UsageError(f"--output {cfg['output']} holds a run ({previous[0].name}, ...); continue it "
-                                 f"with --resume auto, start over there with --start-over (its files go), "
-                                 f"or pass another --output")
-            for path in previous:
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
-            print(f"--start-over: removed the previous run's files from {cfg['output']}", flush=True)
-        yield
-
-
 def build_run(cfg, world, device):
     torch.manual_seed(cfg["seed"] + world.rank)
     derived, data = cfg["derived"], cfg["data"]
@@ -191,21 +164,10 @@ def build_run(cfg, world, device):
     steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
     state = TrainingState(cfg, device, steps)
     state.data = {"train": data_record(train_set), "val": data_record(val_set)}
-    optim = cfg["optim"]
-    log.info(f"device {describe(device)}, {world.size} process(es); optimizer "
-             f"{describe_optimizer(optim['name'], derived['optimizer_implementation'])}; amp {cfg['amp']['level']} "
-             f"({derived['amp_backend']})")
-    scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
-    log.info(f"data {data['path']}: {len(train_set)} train / {len(val_set)} val images, batch "
-             f"{data['batch_size']} per process x {world.size} = {derived['global_batch']} global, "
-             f"{steps} steps/epoch, lr {derived['lr']:g}{scaled}")
-    auto = " (auto: from the usable cores)" if data["workers"] == "auto" else ""
-    log.info(f"data.workers {derived['workers']}{auto}; train.compile {derived['compile_why']}")
-    for note in derived["command_line"]:
-        log.info(f"command line: {note}")
-    hint = bf16_hint(cfg)
-    if hint:
-        log.info(hint)
+    for line in run_description(cfg, device=describe(device), optimizer=describe_optimizer(
+            cfg["optim"]["name"], derived["optimizer_implementation"]), images=(len(train_set), len(val_set)),
+            steps=steps, bf16_hint=bf16_hint(cfg)):
+        log.info(line)
     breakdown = None
     if cfg["train"]["measure_breakdown"]:
         breakdown = StepBreakdown(device)
@@ -236,24 +198,13 @@ def evaluate_only_run(r):
 
 def already_complete(r):
     """--resume of a finished run: says so and leaves its files as they are."""
-    summary = read_summary(Path(r.cfg["output"]) / "summary.json", r.log.info)
+    summary = ckpt.read_summary(Path(r.cfg["output"]) / "summary.json", r.log.info)
     train = r.cfg["train"]
     cap = f", {train['max_steps']} steps at most (train.max_steps)" if train["max_steps"] else ""
     r.log.info(f"{r.cfg['output']} is complete: {r.state.epoch} of {train['epochs']} epochs{cap} trained "
                f"(best top-1 {r.state.best_top1:.3f}); nothing to do. To train longer, raise --epochs"
                f"{' or train.max_steps' if cap else ''}.")
     return summary
-
-
-def read_summary(path, say):
-    """A finished run's summary.json; {} (said) when it is missing or damaged."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        say(f"note: {path} is unreadable ({type(e).__name__}); the checkpoints are intact")
-        return {}
 
 
 def fit(r):
@@ -426,9 +377,9 @@ def train_steps(r, meter, stop, prof, after_step):
             r.watchdog.beat(state.global_step)
             meter.add(loss)
             if state.epoch_step % log_every == 0 or not state.mid_epoch:
-                loss_mean = meter.interval_loss()
+                loss_mean, interval = meter.interval_loss(), meter.end_interval(state.global_step)
                 check_finite(r, loss_mean)
-                log_interval(r, loss_mean, meter.end_interval(state.global_step))
+                log_interval(r, loss_mean, interval)
         after_step()
         prof.step()
         if state.finished or stop.should_stop():  # the same on every rank, so the reduction stays paired
@@ -461,24 +412,9 @@ def check_finite(r, loss_mean):
 
 def validate(r):
     """{'': (top1, top5)} of the network, and {'EMA': ...} of its average when there is one."""
-    return {label: accuracy(net, watched(r.state.batches(r.val_loader), r.watchdog), r.state.autocast, r.device)
+    batches = r.state.batches(r.val_loader)
+    return {label: accuracy(net, r.watchdog.watched(batches) if r.watchdog else batches, r.state.autocast, r.device)
             for label, net in r.state.eval_nets().items()}
-
-
-def watched(batches, watchdog):
-    """``batches``, each a beat of the watchdog (when there is one), the wait for it its phase
-    'val-data' (not 'data': a stop signal waits for the end of validation)."""
-    if watchdog is None:
-        yield from batches
-        return
-    iterator = iter(batches)
-    while True:
-        with watchdog.waiting("val-data"):
-            batch = next(iterator, None)
-        if batch is None:
-            return
-        watchdog.beat()
-        yield batch
 
 
 class Accuracy(NamedTuple):

@@ -37,6 +37,41 @@ def accuracy_line(top1, top5, note="", prefix=""):
     return f" *{prefix} Prec@1 {top1:.3f} Prec@5 {top5:.3f}" + (f"  ({note})" if note else "")
 
 
+def run_description(cfg, *, device, optimizer, images, steps, bf16_hint=None):
+    """The lines that open a run's log: the device and precision, the data and batch, the loader
+    and compile choices, the command line's notes and a bf16 hint. ``images``: (train, val)."""
+    derived, data, optim = cfg["derived"], cfg["data"], cfg["optim"]
+    scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
+    auto = " (auto: from the usable cores)" if data["workers"] == "auto" else ""
+    return [f"device {device}, {derived['world_size']} process(es); optimizer {optimizer}; amp "
+            f"{cfg['amp']['level']} ({derived['amp_backend']})",
+            f"data {data['path']}: {images[0]} train / {images[1]} val images, batch {data['batch_size']} per "
+            f"process x {derived['world_size']} = {derived['global_batch']} global, {steps} steps/epoch, "
+            f"lr {derived['lr']:g}{scaled}",
+            f"data.workers {derived['workers']}{auto}; train.compile {derived['compile_why']}",
+            *(f"command line: {note}" for note in derived["command_line"]),
+            *([bf16_hint] if bf16_hint else [])]
+
+
+class DataWaitHint:
+    """One line, once a run, when the loader stays the bottleneck: a data wait of at least SHARE of
+    the step for INTERVALS log intervals in a row."""
+    SHARE, INTERVALS = 0.3, 3
+
+    def __init__(self):
+        self.slow, self.given = 0, False
+
+    def line(self, data_wait, workers):
+        """The hint after an interval with ``data_wait``, or None."""
+        self.slow = self.slow + 1 if data_wait >= self.SHARE else 0
+        if self.slow < self.INTERVALS or self.given:
+            return None
+        self.given = True
+        return (f"hint: data wait {data_wait:.0%} of the step for {self.INTERVALS} log intervals: raise "
+                f"data.workers (now {workers}), keep a small dataset in memory (data.cache_mb) or use "
+                f"faster storage")
+
+
 def keep_records_up_to(path, global_step):
     """Rewrites metrics.jsonl (atomically) without the records of global steps after
     ``global_step`` and without a line a crash cut short (records written before the key was

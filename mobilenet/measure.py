@@ -1,5 +1,5 @@
-"""What the training loop measures about itself: where an epoch's time goes (EpochMeter), when the
-loader is the bottleneck (DataWaitHint), dispatched-op counts (per step phase), the step's time
+"""What the training loop measures about itself: where an epoch's time goes (EpochMeter),
+dispatched-op counts (per step phase), the step's time
 breakdown, the other processes' share of the CPU, profiler traces. Below the engine; the
 benchmark harness that drives whole runs is scripts/benchmarks/harness.py, above it."""
 import contextlib
@@ -86,25 +86,6 @@ class EpochMeter:
         self.seconds = time.perf_counter() - self.start
         return {"images": (step - self.first) * self.global_batch, "seconds": self.seconds,
                 "data_wait_s": self.wait_s}
-
-
-class DataWaitHint:
-    """One line, once a run, when the loader stays the bottleneck: a data wait of at least SHARE of
-    the step for INTERVALS log intervals in a row."""
-    SHARE, INTERVALS = 0.3, 3
-
-    def __init__(self):
-        self.slow, self.given = 0, False
-
-    def line(self, data_wait, workers):
-        """The hint after an interval with ``data_wait``, or None."""
-        self.slow = self.slow + 1 if data_wait >= self.SHARE else 0
-        if self.slow < self.INTERVALS or self.given:
-            return None
-        self.given = True
-        return (f"hint: data wait {data_wait:.0%} of the step for {self.INTERVALS} log intervals: raise "
-                f"data.workers (now {workers}), keep a small dataset in memory (data.cache_mb) or use "
-                f"faster storage")
 
 
 class OpCounter(TorchDispatchMode):

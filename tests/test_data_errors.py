@@ -128,15 +128,10 @@ def test_a_loader_that_stays_the_bottleneck_gets_one_hint(tmp_path, capsys):
 def test_the_data_wait_hint_is_said_once_a_run_even_when_the_wait_comes_back():
     """Slow, slow, slow, fast, slow, slow, slow: one hint (the count started again after the
     fast interval, and a demo on a 16-core machine said it three times)."""
-    from types import SimpleNamespace
-
-    from mobilenet.engine import DATA_WAIT_HINT, hint_data_wait
-    said = []
-    run = SimpleNamespace(slow_data_intervals=0, data_hint_given=False, cfg={"derived": {"workers": 3}},
-                          log=SimpleNamespace(info=said.append))  # the fields hint_data_wait reads
-    slow, fast = DATA_WAIT_HINT[0] + 0.1, 0.0
-    for wait in [slow] * 3 + [fast] + [slow] * 3:
-        hint_data_wait(run, wait)
+    from mobilenet.logging import DataWaitHint
+    hint = DataWaitHint()
+    slow, fast = DataWaitHint.SHARE + 0.1, 0.0
+    said = [line for wait in [slow] * 3 + [fast] + [slow] * 3 if (line := hint.line(wait, workers=3))]
     assert len(said) == 1 and "raise data.workers (now 3)" in said[0]
 
 
