@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from mobilenet.config import FLAGS, build_config, coerce_setting, parse_override, resolve
+from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
 from mobilenet.measure import PROFILED_STEPS
 
@@ -63,7 +64,7 @@ def build_parser(description=None):
                    "synthetic.yaml with --data synthetic, imagenet.yaml with a folder)")
     p.add_argument("--optimizer", choices=["standard", "fused"], help="optim.impl")
     p.add_argument("--data", help="ImageFolder root with train/ and val/, 'synthetic' or 'digits'")
-    p.add_argument("--device", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--device", choices=DEVICES)
     p.add_argument("--amp", choices=AMP_LEVELS, help="amp.level")
     p.add_argument("--epochs", type=int, help="train.epochs")
     p.add_argument("--output", help="run directory (default runs/<config>-<optimizer>)")

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
+from mobilenet.optim import ALGORITHMS
 
 DEFAULTS = {
     "seed": 0,
@@ -102,8 +104,8 @@ DEFAULTS = {
 }
 
 CHOICES = {
-    "device": {"auto", "npu", "cuda", "cpu"},
-    "optim.name": {"sgd", "adam", "adamw", "rmsprop"},
+    "device": set(DEVICES),
+    "optim.name": set(ALGORITHMS),
     "optim.impl": {"standard", "fused"},
     "schedule.name": {"step", "cosine"},
     "amp.level": {"O0", "O1", "O2"},

@@ -9,6 +9,7 @@ import torch
 from mobilenet.errors import UsageError
 
 DIST_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
+DEVICES = ("auto", *DIST_BACKENDS)  # what device= and --device take (the one list)
 
 
 def import_torch_npu():

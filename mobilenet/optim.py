@@ -34,7 +34,23 @@ ALGORITHMS = {
     "adamw": Algorithm(torch.optim.AdamW, "NpuFusedAdamW", ("betas", "eps"), True),
     "rmsprop": Algorithm(torch.optim.RMSprop, "NpuFusedRMSprop", ("momentum", "alpha", "eps"), False),
 }
-IMPLEMENTATIONS = ("loop", "foreach", "torch_fused", "npu_fused", "apex_npu_fused")
+
+
+@dataclass(frozen=True)
+class Implies:
+    """What an optimizer implementation implies for the rest of the step: the one table of it."""
+    grads_to_none: bool    # zero_grad(set_to_none=True); NpuFused* keep the grads in their combined
+                           # buffer and reject it
+    skip_on_device: bool   # the loss scaler's overflow skip stays on the device (torch's fused
+                           # kernels take found_inf); others read the check back to the host
+    compile_step: bool     # under train.compile: the LR held in tensors and optimizer.step compiled;
+                           # torch_npu's NpuFused* manage their own combined buffers
+
+
+IMPLIES = {"loop": Implies(True, False, True), "foreach": Implies(True, False, True),
+           "torch_fused": Implies(True, True, True), "npu_fused": Implies(False, False, False),
+           "apex_npu_fused": Implies(False, False, True)}
+IMPLEMENTATIONS = tuple(IMPLIES)
 # the optim.* overrides that select each implementation (npu_fused: optim.impl=fused on npu)
 SETTINGS = {"loop": ["optim.impl=standard", "optim.foreach=false"],
             "foreach": ["optim.impl=standard", "optim.foreach=true"],
@@ -136,8 +152,7 @@ def describe_optimizer(name, implementation):
 
 
 def zero_grad_to_none(implementation):
-    """NpuFused* keep the grads inside their combined buffer and reject set_to_none=True."""
-    return implementation not in ("npu_fused", "apex_npu_fused")
+    return IMPLIES[implementation].grads_to_none
 
 
 def lr_factor_fn(name, steps_per_epoch, epochs, step_epochs=30, gamma=0.1, warmup_epochs=0.0,

@@ -24,8 +24,8 @@ from mobilenet.distributed import from_rank0, wrap_ddp
 from mobilenet.ema import WeightEMA
 from mobilenet.errors import UsageError
 from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
-from mobilenet.optim import (build_optimizer, build_scheduler, hold_lr_in_tensors, hyperparameters, plain_numbers,
-                             zero_grad_to_none)
+from mobilenet.optim import (IMPLIES, build_optimizer, build_scheduler, hold_lr_in_tensors, hyperparameters,
+                             plain_numbers, zero_grad_to_none)
 
 NO_PHASE = contextlib.nullcontext()
 
@@ -106,7 +106,7 @@ def build_train_step(cfg, device):
     layout = torch.channels_last if derived["channels_last"] else torch.contiguous_format
     net = net.to(device, memory_format=layout)
     precision = build_precision(cfg["amp"], backend=derived["amp_backend"], device=device, net=net,
-                                skip_on_device=implementation == "torch_fused")
+                                skip_on_device=IMPLIES[implementation].skip_on_device)
     optimizer = build_optimizer(precision.params(net), implementation=implementation, name=optim["name"],
                                 lr=derived["lr"], weight_decay=optim["weight_decay"],
                                 no_decay_bn_bias=optim["no_decay_bn_bias"], **hyperparameters(optim))
@@ -116,7 +116,7 @@ def build_train_step(cfg, device):
     model = wrap_ddp(net, derived["world_size"], device)
     if derived["compile"]:  # net stays eager: checkpoints keep their keys, validation runs it
         model = compiled(model, **derived["compile"])
-        if implementation != "npu_fused":  # NpuFused* manage their own combined buffers
+        if IMPLIES[implementation].compile_step:
             hold_lr_in_tensors(optimizer)
             # a bound method again, as LR schedulers expect to find and wrap
             optimizer.step = types.MethodType(torch.compile(type(optimizer).step), optimizer)

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import sys
 
+from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError, exit_code
 from mobilenet.logging import accuracy_line
 
@@ -21,7 +22,7 @@ def main(argv=None):
     p.add_argument("--resize-ratio", type=float, default=0.875)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--device", default="auto", choices=DEVICES)
     args = p.parse_args(argv)
 
     def report():

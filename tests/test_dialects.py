@@ -323,3 +323,41 @@ def test_modelzoo_8p_full_script_on_two_listed_cards(tmp_path, modelzoo_output):
 def test_modelzoo_script_needs_data_path(tmp_path):
     result = run_modelzoo("train_full_1p.sh", tmp_path)
     assert result.returncode == 2 and "--data_path=DIR is required" in result.stderr
+
+
+def launcher_flags(script):
+    """The flags a shell script's argument loop takes (its `case` patterns: --name and --name=*)."""
+    return set(re.findall(r"(?:^\s*|\|)(--[\w-]+)(?:=\*)?(?=[|)])", script.read_text(), re.M))
+
+
+def test_train_py_and_the_launchers_agree_on_the_launcher_flags():
+    """train.sh's launcher flags (the one place that maps them) and train.py: each card or address
+    flag train.sh maps, train.py takes with the same meaning (one card, --device_id) or refuses
+    naming train.sh; what train.py refuses as a launcher flag, train.sh maps; the ModelZoo scripts'
+    card-list flags are train.sh's."""
+    ours = launcher_flags(ROOT / "train.sh")
+    assert {"--nproc", "--nnodes", "--addr", "--device-list", "--device_list", "--device_id", "--gpu"} <= ours
+    parser = build_parser("train.py")
+    takes = {option for action in parser._actions for option in action.option_strings}
+    for flag in ours - {"--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--max-restarts",
+                        "--rdzv-id", "--join-timeout"}:
+        assert flag in takes, flag  # a flag of their main.py: train.py takes or refuses it
+        if flag in REFUSED:
+            assert "train.sh" in REFUSED[flag][1], flag
+    assert {flag for flag, (_, why) in REFUSED.items() if "give it to the launcher" in why} <= ours
+    modelzoo = launcher_flags(ROOT / "scripts" / "modelzoo" / "common.sh")
+    assert {"--device_list", "--device-list", "--nproc"} <= modelzoo and modelzoo - {
+        "--data_path", "--batch_size", "--learning_rate", "--device_id"} <= ours
+
+
+def test_the_modelzoo_scripts_pass_the_recipe_of_configs_imagenet():
+    """scripts/modelzoo/common.sh gives main.py's flags (a shell script cannot read the YAML): their
+    values are configs/imagenet.yaml's."""
+    recipe = yaml.safe_load((ROOT / "configs" / "imagenet.yaml").read_text())
+    script = (ROOT / "scripts" / "modelzoo" / "common.sh").read_text()
+    per_card = re.search(r"batch_size:-\$\(\( (\d+) \* RankSize", script).group(1)
+    lr = re.search(r'print ([\d.]+) \* \$RankSize', script).group(1)
+    assert int(per_card) == recipe["data"]["batch_size"] == recipe["optim"]["lr_scale_batch"]
+    assert float(lr) == recipe["optim"]["lr"]
+    assert f"--apex-opt-level={recipe['amp']['level']}" in script
+    assert f"--loss-scale-value={recipe['amp']['loss_scale']}" in script

@@ -172,11 +172,12 @@ def case_name(case):
 
 def main(argv=None):
     from benchmarks.harness import benchmark_parser
+    from mobilenet.device import DEVICES
     p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--cases", nargs="+", default=["eager/64/O1-bfloat16/torch_fused"])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--device", default="auto", choices=DEVICES)
     args, overrides = p.parse_known_args(argv)
     from mobilenet.config import build_config, resolve
     from mobilenet.device import choose_device, cpu_model, describe, open_device

@@ -60,8 +60,9 @@ def step_timer(cfg, device, batch, steps=3):
 
 def main(argv=None):
     from benchmarks.harness import benchmark_parser
+    from mobilenet.device import DEVICES
     p = benchmark_parser(__doc__, rounds=3)
-    p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--amp", default="O0", choices=["O0", "O1", "O2"])

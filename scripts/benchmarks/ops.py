@@ -36,8 +36,9 @@ def budgets(args, overrides):
 
 def main(argv=None):
     from benchmarks.harness import benchmark_parser
+    from mobilenet.device import DEVICES
     p = benchmark_parser(__doc__, rounds=None)  # counts, not times
-    p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=2)

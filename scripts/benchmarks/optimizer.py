@@ -1,7 +1,7 @@
 """The optimizer step alone, on MobileNetV1's 83 parameter tensors: loop vs foreach vs fused
 (plus torch_npu's NpuFused on npu).
 
-python scripts/bench.py optimizer [--device auto] [--width 1.0] [--optimizer sgd] [--json FILE]
+python scripts/bench.py optimizer [--device auto] [--width 1.0] [--algorithm sgd] [--json FILE]
 Prints ms/step (median over --rounds interleaved rounds of --iterations steps, with the spread and
 the other processes' CPU share per round) and aten ops dispatched per step.
 """
@@ -43,10 +43,13 @@ def prepare(optimizer, device, iterations):
 
 def main(argv=None):
     from benchmarks.harness import benchmark_parser
+    from mobilenet.device import DEVICES
+    from mobilenet.optim import ALGORITHMS
     p = benchmark_parser(__doc__, rounds=7)
-    p.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"])
+    p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument("--width", type=float, default=1.0)
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw", "rmsprop"])
+    p.add_argument("--algorithm", default="sgd", choices=sorted(ALGORITHMS),
+                   help="optim.name; each implementation of it is timed")
     p.add_argument("--iterations", type=int, default=50)
     args = p.parse_args(argv)
 
@@ -58,21 +61,21 @@ def main(argv=None):
     from mobilenet.optim import describe_optimizer
     device = open_device(choose_device(args.device))
     ops, timers = {}, {}
-    for implementation in implementations(device, args.optimizer):
+    for implementation in implementations(device, args.algorithm):
         torch.manual_seed(0)
         model = MobileNetV1(args.width).to(device)
         for p_ in model.parameters():
             p_.grad = torch.randn_like(p_) * 1e-3
-        optimizer = build(model, args.optimizer, implementation)
+        optimizer = build(model, args.algorithm, implementation)
         ops[implementation], timers[implementation] = prepare(optimizer, device, args.iterations)
     rounds = interleave(timers, args.rounds)
     base = next(iter(ops))
-    print(f"{args.optimizer} step on MobileNetV1 x{args.width} ({sum(1 for _ in model.parameters())} "
+    print(f"{args.algorithm} step on MobileNetV1 x{args.width} ({sum(1 for _ in model.parameters())} "
           f"tensors), {describe(device)}; {rounds.describe()}")
     rows = []
     for name in ops:
         ratio = rounds.ratio(name, base)
-        row = {"variant": name, "class": describe_optimizer(args.optimizer, name),
+        row = {"variant": name, "class": describe_optimizer(args.algorithm, name),
                "ms_per_step": rounds.median(name), "ms_spread": rounds.spread(name),
                "ops_per_step": ops[name], "time_ratio": ratio[0], "time_ratio_spread": ratio[1:],
                "ops_ratio": ops[name] / ops[base]}
@@ -81,7 +84,7 @@ def main(argv=None):
                           f"time vs {base} (median, min-max)", f"ops vs {base}"],
                          [[row["class"], rounds.cell(row["variant"], digits=3), row["ops_per_step"],
                            rounds.ratio_cell(row["variant"], base), f"{row['ops_ratio']:.3f}x"] for row in rows]))
-    write_json(args.json, {"device": str(device), "optimizer": args.optimizer, "width": args.width,
+    write_json(args.json, {"device": str(device), "optimizer": args.algorithm, "width": args.width,
                            "rows": rows, **rounds.to_json()})
     return rows
 
