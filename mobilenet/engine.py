@@ -78,6 +78,7 @@ class StopOnSignal:
 
     def __exit__(self, *exc):
         signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous.pop(signal.SIGALRM))
         if self.received is None:
             for sig, handler in self.previous.items():
                 signal.signal(sig, handler)

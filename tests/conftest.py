@@ -40,8 +40,26 @@ TINY = ["device=cpu", "model.width_mult=0.25", "model.resolution=32", "train.log
         "data.batch_size=32", "data.workers=0"]
 
 
+# The quick tier (bash scripts/test.sh --quick, pytest -m quick): a test or two per module of the
+# package, each cheap: a trained and resumed run, the model, optimizers, amp and apex, EMA, data,
+# config and dialects, checkpoints, a signal, a stalled loader, a multi-process launch.
+QUICK = ("test_train.py::test_run_directory_and_tensorboard", "test_train.py::test_resume_continues",
+         "test_model.py::test_paper_parameter_count", "test_model.py::test_loads_modelzoo_checkpoint",
+         "test_ema.py::test_an_update_is_a_few_ops", "test_optim.py::test_fused_update_rule_matches_standard[rmsprop]",
+         "test_optim.py::test_implementation_per_impl", "test_config.py::test_resolve_computes",
+         "test_config.py::test_every_setting_range", "test_amp.py::test_injected_inf", "test_apex.py::test_a_skipped",
+         "test_decode.py::test_same_crop", "test_data_errors.py::test_links_back_up", "test_dialects.py::test_train_py",
+         "test_dialects.py::test_every_main_py_flag", "test_checkpoints.py::test_a_run_directory_from_before",
+         "test_reliability.py::test_a_save_between", "test_stalls.py::test_a_stuck_loader_worker",
+         "test_signals.py::test_sighup_stays_ignored_under_nohup", "test_cluster.py::test_a_bad_setting_under_nproc",
+         "test_logging.py::test_modelzoo_scripts_parse", "test_compile.py::test_settings_that_cannot_compile")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked cuda run only where torch sees a CUDA device."""
+    """Marks the quick tier; tests marked cuda run only where torch sees a CUDA device."""
+    for item in items:
+        if any(item.nodeid.removeprefix("tests/").startswith(prefix) for prefix in QUICK):
+            item.add_marker(pytest.mark.quick)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (scripts/bench_device.sh runs them)")
@@ -103,12 +121,13 @@ def straight_two_ranks(tmp_path_factory):
 
 
 def as_from_a_shell():
-    """preexec_fn of a child that a test sends SIGINT: SIGINT and SIGQUIT at their defaults, as a
-    shell starts a command. In some full runs the pytest process had both ignored for a moment (as
-    C's system() does in its caller while its command runs) and a child forked then inherited it,
-    so train.py kept SIGINT ignored as under nohup; which thread did it is not found."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    """preexec_fn of a child that a test signals: SIGINT, SIGQUIT, SIGTERM and SIGHUP at their
+    defaults, as a shell starts a command. In some full runs the pytest process had SIGINT and
+    SIGQUIT ignored for a moment (as C's system() does in its caller while its command runs), and
+    once SIGHUP (CI, the SIGHUP test: the run went on to its end), and a child forked then
+    inherited it, so train.py kept it ignored as under nohup; which thread did it is not found."""
+    for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
 
 
 def start_two_ranks(out, *extra):
