@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from mobilenet.config import AUTO_OR_BOOL, AUTO_OR_INT, CHOICES, DEFAULTS, RANGES, build_config, flatten, resolve
+from mobilenet.config import (AUTO_OR_BOOL, AUTO_OR_INT, CHOICES, DEFAULTS, RANGES, build_config, flatten,
+                              in_range, resolve)
 from mobilenet.engine import run
 from mobilenet.errors import UsageError
 
@@ -21,10 +22,20 @@ TINY_RUN = {"data.path": "synthetic", "data.synthetic_size": 16, "data.batch_siz
 NO_HUGE = {"model.width_mult", "model.num_classes", "model.resolution", "data.batch_size",
            "data.val_batch_size", "data.workers", "data.synthetic_size"}
 ODD = ["", "null", "~", ".nan", ".inf", "-.inf", "[1]", "{a: 1}", "x", "true"]
+VALID, INVALID, EITHER = "trains", "refused", "either"
+# Valid values this machine cannot run, refused in one line all the same (no such device here,
+# no apex installed): what such a line must say.
+CANNOT_RUN_HERE = ("no npu", "no cuda", "not available", "apex", "torch_npu", "CUDA")
+# Values inside their range that a rule across settings refuses in this tiny run, and what its
+# line must say (each rule has its own test).
+CROSS_SETTING = {("data.batch_size", "1"): "the last BatchNorm would normalise one value",
+                 ("schedule.min_lr", str(10 ** 12)): "above the learning rate",
+                 ("train.stall_timeout", "1e-06"): "give 0 (no watchdog) or at least 1 second"}
 
 
 def number_values(key, default):
-    """The range's ends, the values just inside and just outside them, and a huge one."""
+    """(value, expected): the range's ends, the values just inside and just outside them, and a
+    huge one."""
     interval = RANGES.get(key, "(-inf, inf)")
     low, high = (float(bound) for bound in interval[1:-1].split(","))
     step = 1 if isinstance(default, int) and not isinstance(default, bool) else 1e-6
@@ -34,38 +45,48 @@ def number_values(key, default):
             values += [bound, bound + inside, bound - inside]
     if key not in NO_HUGE:
         values.append(10 ** 12)
-    return [int(v) if step == 1 else v for v in values]
+    values = [int(v) if step == 1 else v for v in values]
+    return [(v, VALID if in_range(v, interval) else INVALID) for v in values]
+
+
+def odd(valid=()):
+    return [(v, VALID if v in valid else INVALID) for v in ODD]
 
 
 def values_of(key, default):
+    """Every value to try for ``key``, with what it must do."""
     if key in CHOICES:
-        return sorted(CHOICES[key]) + ["bogus"] + ODD
+        return [(v, VALID) for v in sorted(CHOICES[key])] + [("bogus", INVALID)] + odd()
     if isinstance(default, bool):
-        return ["true", "false", "1"] + ODD
+        return [("true", VALID), ("false", VALID), ("1", EITHER)] + odd(valid={"true"})
     if isinstance(default, list):
         ends = number_values(key, default[0])
-        return [f"[{v}, {v}]" for v in ends] + ["[0.5]", "[0.5, 0.5, 0.5]"] + ODD
+        return ([(f"[{v}, {v}]", expected) for v, expected in ends]
+                + [("[0.5]", INVALID), ("[0.5, 0.5, 0.5]", INVALID)] + odd())
     if isinstance(default, (int, float)):
-        return number_values(key, default) + ODD
+        return number_values(key, default) + odd()
     if key == "amp.loss_scale":
-        return ["dynamic", 1, 65536, 0, -1, "static"] + ODD
+        return [("dynamic", VALID), (1, VALID), (65536, VALID), (0, INVALID), (-1, EITHER),
+                ("static", INVALID)] + odd()
     if key in AUTO_OR_BOOL:
-        return ["auto", "true", "false"] + ODD
+        return [("auto", VALID), ("true", VALID), ("false", VALID)] + odd(valid={"true"})
     if key in AUTO_OR_INT:
-        return ["auto"] + number_values(key, 0) + ODD
-    return ODD + ["synthetic", "digits", "1", "no/such/file"]  # paths: data, output, pretrained
+        return [("auto", VALID)] + number_values(key, 0) + odd()
+    # paths (data, output, pretrained): what each value means depends on the key
+    return [(v, EITHER) for v in ODD + ["synthetic", "digits", "1", "no/such/file"]]
 
 
-CASES = [(key, value) for key, default in flatten(DEFAULTS) for value in values_of(key, default)]
+CASES = [(key, value, expected) for key, default in flatten(DEFAULTS) for value, expected in values_of(key, default)]
 
 
 def test_the_cases_cover_every_setting():
-    assert {key for key, _ in CASES} == {key for key, _ in flatten(DEFAULTS)}
-    assert len(CASES) > 400
+    assert {key for key, _, _ in CASES} == {key for key, _ in flatten(DEFAULTS)}
+    assert len(CASES) > 400 and {expected for _, _, expected in CASES} == {VALID, INVALID, EITHER}
 
 
 def try_setting(key, value, folder, digits):
-    """None when ``key=value`` trains a step or is refused in one line; else what went wrong."""
+    """What ``key=value`` did: 'trained', 'compiles' (not run: test_compile.py trains it),
+    'refused: LINE', or 'broken: WHAT' (a multi-line refusal or any other exception)."""
     settings = {**TINY_RUN}
     if key.startswith("data."):
         settings.update({"data.path": digits, "model.num_classes": 10})
@@ -75,14 +96,28 @@ def try_setting(key, value, folder, digits):
         overrides.append(f"output={folder}")
     try:
         cfg = resolve(build_config(None, overrides))
-        if cfg["derived"]["compile"]:  # compiling takes half a minute: test_compile.py trains it
-            return None
-        run(cfg, start_over=True)
+        if cfg["derived"]["compile"]:  # compiling takes half a minute
+            return "compiles"
+        summary = run(cfg, start_over=True)
     except UsageError as e:
-        if "\n" in str(e).strip() or not str(e).strip():
-            return f"{key}={value}: a UsageError of {len(str(e).splitlines())} lines"
+        text = str(e).strip()
+        return f"refused: {text}" if text and "\n" not in text else f"broken: a UsageError of {len(text.splitlines())} lines"
     except Exception as e:  # noqa: BLE001 - what this test looks for
-        return f"{key}={value}: {type(e).__name__}: {str(e)[:200]}"
+        return f"broken: {type(e).__name__}: {str(e)[:200]}"
+    return "trained" if summary.get("global_step", 0) >= 1 else f"broken: trained no step ({summary})"
+
+
+def problem(key, value, expected, outcome):
+    """What is wrong with ``outcome`` for a case that must do ``expected``, or None."""
+    if outcome.startswith("broken"):
+        return outcome
+    if (key, str(value)) in CROSS_SETTING:
+        return None if CROSS_SETTING[key, str(value)] in outcome else f"not the cross-setting refusal: {outcome}"
+    if expected == VALID and outcome.startswith("refused") and not any(
+            reason in outcome for reason in CANNOT_RUN_HERE):
+        return f"a valid value was refused: {outcome}"
+    if expected == INVALID and not outcome.startswith("refused"):
+        return f"an invalid value was taken ({outcome})"
     return None
 
 
@@ -99,10 +134,18 @@ def few_digits(digits, tmp_path_factory):
 
 
 def test_every_setting_at_its_boundaries_trains_or_is_one_line(tmp_path, monkeypatch, few_digits):
+    """Valid values resolve and train a step (or are refused only because this machine cannot run
+    them), invalid ones are one line, and every setting trains with at least one value; each
+    failure names its case."""
     monkeypatch.chdir(tmp_path)  # output= and relative paths land here
-    failures = [problem for index, (key, value) in enumerate(CASES)
-                if (problem := try_setting(key, value, tmp_path / f"case{index}", few_digits))]
-    assert not failures, "\n".join(failures)
+    outcomes = {(key, str(value)): try_setting(key, value, tmp_path / f"case{index}", few_digits)
+                for index, (key, value, _) in enumerate(CASES)}
+    failures = [f"{key}={value} (must be {expected}): {wrong}" for key, value, expected in CASES
+                if (wrong := problem(key, value, expected, outcomes[key, str(value)]))]
+    untrained = sorted({key for key, _, _ in CASES} - {key for (key, _), outcome in outcomes.items()
+                                                       if outcome in ("trained", "compiles")})
+    failures += [f"{key}: no value of it trained" for key in untrained]
+    assert not failures, f"{len(failures)} of {len(CASES)} cases:\n" + "\n".join(failures)
 
 
 @pytest.mark.parametrize("resolution, freeze_bn, trains", [(32, "false", False), (33, "false", True),
