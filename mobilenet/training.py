@@ -1,6 +1,6 @@
 """What trains and all of its state, wired once from a resolved config.
 
-``TrainStep``: the training step and what it owns (model, optimizer, precision, EMA).
+``TrainStep``: the training step and what it owns (network, optimizer, precision, EMA).
 ``TrainingState``: the step, its LR schedule, the input path to the device, the run's position
 (epoch, epoch_step, global_step, best top-1, finished), every piece of state a resume needs (one
 ``state_dict()``, the checkpoint) and the resume policy (which checkpoint, when to refuse and why).
@@ -38,8 +38,8 @@ class TrainStep:
     """``loss = step(images, labels)``: forward, loss, backward, unscale, optimizer step, zero_grad
     and the EMA update, in one call, for the loop to call and for a device graph to capture.
 
-    Owns the network (``net`` bare, ``model`` as called: DDP-wrapped in distributed runs, compiled
-    under train.compile), the optimizer (``implementation``: loop|foreach|torch_fused|npu_fused|
+    Owns the network (``net`` bare; ``wrapped``, the one the step calls: DDP-wrapped in distributed
+    runs, compiled under train.compile), the optimizer (``implementation``: loop|foreach|torch_fused|npu_fused|
     apex_npu_fused, as resolved), the precision (amp level, loss scaling, O2 masters) and the EMA.
     The step reads nothing back to the host, except the loss scaler's overflow check for
     optimizers without a device-side skip (documented there). ``phase``: a function name ->
@@ -47,9 +47,9 @@ class TrainStep:
     default.
     """
 
-    def __init__(self, *, net, model, optimizer, precision, criterion, implementation, algorithm="sgd",
+    def __init__(self, *, net, wrapped, optimizer, precision, criterion, implementation, algorithm="sgd",
                  ema=None, compiled=False):
-        self.net, self.model, self.optimizer = net, model, optimizer
+        self.net, self.wrapped, self.optimizer = net, wrapped, optimizer
         self.precision, self.criterion, self.ema = precision, criterion, ema
         self.implementation, self.algorithm, self.compiled = implementation, algorithm, compiled
         self.set_to_none = zero_grad_to_none(implementation)
@@ -58,7 +58,7 @@ class TrainStep:
     def __call__(self, images, labels):
         phase, precision, optimizer = self.phase, self.precision, self.optimizer
         with phase("forward"), precision.autocast():
-            logits = self.model(images)
+            logits = self.wrapped(images)
         with phase("loss"), precision.autocast():
             loss = self.criterion(logits.float(), labels)
         with phase("backward"):
@@ -76,7 +76,7 @@ class TrainStep:
 
     def train(self, freeze_bn=False):
         """Training mode; ``freeze_bn``: BatchNorm layers keep using their running statistics."""
-        self.model.train()
+        self.wrapped.train()
         if freeze_bn:
             for module in self.net.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -113,14 +113,14 @@ def build_train_step(cfg, device):
     net, optimizer = precision.initialize(net, optimizer)
     decay = cfg["train"]["ema_decay"]
     ema = WeightEMA(net, decay) if decay > 0 else None
-    model = wrap_ddp(net, derived["world_size"], device)
+    wrapped = wrap_ddp(net, derived["world_size"], device)
     if derived["compile"]:  # net stays eager: checkpoints keep their keys, validation runs it
-        model = compiled(model, **derived["compile"])
+        wrapped = compiled(wrapped, **derived["compile"])
         if IMPLIES[implementation].compile_step:
             hold_lr_in_tensors(optimizer)
             # a bound method again, as LR schedulers expect to find and wrap
             optimizer.step = types.MethodType(torch.compile(type(optimizer).step), optimizer)
-    return TrainStep(net=net, model=model, optimizer=optimizer, compiled=derived["compile"] is not None,
+    return TrainStep(net=net, wrapped=wrapped, optimizer=optimizer, compiled=derived["compile"] is not None,
                      precision=precision, ema=ema, implementation=implementation, algorithm=optim["name"],
                      criterion=nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"]))
 

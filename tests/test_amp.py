@@ -70,7 +70,7 @@ def test_o2_buffers_keep_each_tensors_layout_and_values():
 def step(model, precision, optimizer, inject_inf=False):
     """One TrainStep call on the model's device; ``inject_inf`` puts an inf into a grad between
     backward and unscale."""
-    train_step = TrainStep(net=model, model=model, optimizer=optimizer, precision=precision,
+    train_step = TrainStep(net=model, wrapped=model, optimizer=optimizer, precision=precision,
                            criterion=torch.nn.CrossEntropyLoss(), implementation="loop")
 
     def phase(name):

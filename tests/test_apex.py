@@ -89,7 +89,7 @@ def test_a_skipped_overflow_leaves_weights_and_momentum(apex):
     optimizer = build_optimizer(net, implementation="apex_npu_fused", lr=0.1, momentum=0.9)
     precision = ApexPrecision(apex.amp, "O2", "dynamic")
     net, optimizer = precision.initialize(net, optimizer)
-    step = TrainStep(net=net, model=net, optimizer=optimizer, precision=precision,
+    step = TrainStep(net=net, wrapped=net, optimizer=optimizer, precision=precision,
                      criterion=torch.nn.CrossEntropyLoss(), implementation="apex_npu_fused")
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     while not optimizer.state:  # the first steps overflow at 2**16 and are skipped

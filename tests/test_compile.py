@@ -41,7 +41,7 @@ def test_compiled_step_agrees_with_eager(impl, level):
                 torch.randint(0, 10, (16,), generator=generator)) for _ in range(3)]
     eager, eager_losses = steps_of(False, impl, level, batches)
     compiled, compiled_losses = steps_of(True, impl, level, batches)
-    assert compiled.model is not compiled.net and eager.model is eager.net
+    assert compiled.wrapped is not compiled.net and eager.wrapped is eager.net
     if level == "O0":  # float64: the same function to rounding
         torch.testing.assert_close(compiled_losses, eager_losses, rtol=1e-9, atol=1e-9)
         for (key, a), b in zip(eager.net.state_dict().items(), compiled.net.state_dict().values()):
