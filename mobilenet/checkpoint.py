@@ -8,7 +8,6 @@ way), scheduler, amp, ema, rng, data and config.
 import contextlib
 import fcntl
 import io
-import json
 import os
 import pickle
 import re
@@ -242,14 +241,3 @@ def claim_run_directory(run_dir, *, resume, start_over, claim=True):
                     path.unlink()
             print(f"--start-over: removed the previous run's files from {run_dir}", flush=True)
         yield
-
-
-def read_summary(path, say):
-    """A finished run's summary.json; {} (said) when it is missing or damaged."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        say(f"note: {path} is unreadable ({type(e).__name__}); the checkpoints are intact")
-        return {}

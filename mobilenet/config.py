@@ -321,7 +321,8 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
 
     derived: device (npu|cuda|cpu), world_size, global_batch, lr (optim.lr, scaled to the global
     batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the implementation that runs:
-    loop|foreach|torch_fused|npu_fused|apex_npu_fused), amp_backend (none|native|apex), workers (data.workers,
+    loop|foreach|torch_fused|npu_fused|apex_npu_fused) and optimizer_class (what it is, for the log and
+    summary), amp_backend (none|native|apex), workers (data.workers,
     auto resolved), compile (torch.compile's backend and mode, or None) and compile_why. ``output`` defaults to
     runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
     what the flags of other scripts' dialects became (mobilenet.cli), kept for the log.
@@ -330,7 +331,7 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
     from mobilenet.data.datasets import auto_workers
     from mobilenet.device import choose_compile, choose_device
     from mobilenet.distributed import world_from_env
-    from mobilenet.optim import choose_implementation
+    from mobilenet.optim import choose_implementation, describe_optimizer
 
     world = world or world_from_env()
     device = choose_device(cfg["device"])
@@ -353,6 +354,7 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
     derived["compile"], derived["compile_why"] = choose_compile(
         cfg["train"]["compile"], device, eager_seconds=estimated_eager_seconds(cfg, device, global_batch),
         eager_only=eager_only(cfg, derived))
+    derived["optimizer_class"] = describe_optimizer(optim["name"], derived["optimizer_implementation"])
     check_combinations(cfg, derived)
     resolved = copy.deepcopy(cfg)
     resolved["output"] = cfg["output"] or f"runs/{name}-{optim['impl']}"

@@ -1,5 +1,6 @@
 """The run: builds everything from the resolved config, trains the epochs, validates, writes the run."""
 import itertools
+import contextlib
 import json
 import math
 import signal
@@ -9,19 +10,17 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-import yaml
 
 from mobilenet import checkpoint as ckpt
-from mobilenet.config import thaw
 from mobilenet.data import build_datasets, build_loaders
 from mobilenet.data.datasets import WorkerSignals, data_record, unreadable_flags
-from mobilenet.device import bf16_hint, describe, open_device, peak_memory_mb, synchronize
+from mobilenet.device import open_device, peak_memory_mb
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
                                    host_group, init_process_group, world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
-from mobilenet.logging import DataWaitHint, RunLogger, accuracy_line, progress_line, run_description
+from mobilenet.logging import (DataWaitHint, RunLogger, accuracy_line, progress_line, read_summary,
+                               run_description)
 from mobilenet.measure import EpochMeter, OtherLoad, StepBreakdown, named_phase, profiler
-from mobilenet.optim import describe_optimizer
 from mobilenet.training import TrainingState
 from mobilenet.watchdog import Watchdog, kill_loader_workers
 
@@ -57,14 +56,10 @@ class StopRequested(BaseException):
 
 
 class StopOnSignal:
-    """The stop signals (errors.stop_signals), to this process, its group or every process of the
-    job (torchrun, Slurm and container runtimes differ), ask the run to stop after the current
-    step, or at once when it waits for data (StopRequested); a second Ctrl-C ends the process
-    (mobilenet.watchdog, which hears it wherever the main thread is blocked). Once the run saves
-    (``saving()``), further signals are ignored until the process ends: the save completes and the
-    exit code says so. The loader's workers outlive the signals meanwhile (WorkerSignals), so the
-    run can finish the step and save. Processes agree after every step (a one-element reduction on
-    the host, no device sync), so all stop after the same step."""
+    """A stop signal (errors.stop_signals) to any process of the job stops the run after the step,
+    or at once during a stuck data wait (StopRequested); every rank stops after the same step (a
+    one-element host reduction, no device sync); the loader's workers outlive it (WorkerSignals).
+    Once the run saves (``saving()``) signals are ignored; a second Ctrl-C is mobilenet.watchdog's."""
 
     def __init__(self, world, watchdog):
         self.world, self.watchdog, self.received = world, watchdog, None
@@ -146,7 +141,7 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
                 return evaluate_only_run(r)
             if r.state.finished:
                 return already_complete(r)
-            start_outputs(r)
+            r.log.start(config=r.cfg, resumed_at=r.state.resumed_at)  # once the run is known to start
             return fit(r)
     finally:
         destroy()
@@ -165,9 +160,7 @@ def build_run(cfg, world, device):
     steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
     state = TrainingState(cfg, device, steps)
     state.data = {"train": data_record(train_set), "val": data_record(val_set)}
-    for line in run_description(cfg, device=describe(device), optimizer=describe_optimizer(
-            cfg["optim"]["name"], derived["optimizer_implementation"]), images=(len(train_set), len(val_set)),
-            steps=steps, bf16_hint=bf16_hint(cfg)):
+    for line in run_description(cfg, device=device, images=(len(train_set), len(val_set)), steps=steps):
         log.info(line)
     breakdown = None
     if cfg["train"]["measure_breakdown"]:
@@ -177,14 +170,6 @@ def build_run(cfg, world, device):
         state.set_phase_hook(named_phase)
     return Run(cfg, world, device, state, train_loader, val_loader, log, worker_signals, breakdown,
                compile_steps=COMPILE_STEPS if derived["compile"] else 0)
-
-
-def start_outputs(r):
-    """Once the run is known to start or resume: config.yaml, metrics.jsonl, TensorBoard."""
-    if r.world.is_main:
-        ckpt.save_atomic(yaml.safe_dump(thaw(r.cfg), sort_keys=False).encode(),
-                         Path(r.cfg["output"]) / "config.yaml", "the config")
-    r.log.start(resumed_at=r.state.resumed_at)
 
 
 def evaluate_only_run(r):
@@ -199,7 +184,7 @@ def evaluate_only_run(r):
 
 def already_complete(r):
     """--resume of a finished run: says so and leaves its files as they are."""
-    summary = ckpt.read_summary(Path(r.cfg["output"]) / "summary.json", r.log.info)
+    summary = read_summary(Path(r.cfg["output"]) / "summary.json", r.log.info)
     train = r.cfg["train"]
     cap = f", {train['max_steps']} steps at most (train.max_steps)" if train["max_steps"] else ""
     r.log.info(f"{r.cfg['output']} is complete: {r.state.epoch} of {train['epochs']} epochs{cap} trained "
@@ -276,7 +261,7 @@ def finish(r, totals, results):
                "data_wait_share": totals["data_wait_s"] / seconds if seconds else 0.0,
                "other_cpu_share": totals["other_load"].so_far(),  # other processes, as benchmarks report
                "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer_implementation"],
-               "optimizer_class": describe_optimizer(cfg["optim"]["name"], derived["optimizer_implementation"]),
+               "optimizer_class": derived["optimizer_class"],
                "device": r.device.type, "amp": cfg["amp"]["level"], "amp_backend": derived["amp_backend"],
                "world_size": r.world.size,
                "global_batch": derived["global_batch"],
@@ -352,12 +337,11 @@ def train_one_epoch(r, stop, prof, run_start, after_step):
     r.state.train(freeze_bn=r.cfg["train"]["freeze_bn"])
     r.train_loader.sampler.set_epoch(r.state.epoch, r.state.epoch_step * r.cfg["data"]["batch_size"])
     meter = EpochMeter(device=r.device, world_size=r.world.size, global_batch=r.cfg["derived"]["global_batch"],
-                       run_start=run_start, at_step=r.state.global_step)
+                       run_start=run_start, at_step=r.state.global_step, sync_wait=r.breakdown is not None)
     try:
         train_steps(r, meter, stop, prof, after_step)
     except StopRequested:  # during a wait for data: the last step's state is whole; the run ends
         kill_loader_workers()  # now, and a stuck worker would hold the loader's shutdown
-    synchronize(r.device)
     return meter
 
 
@@ -366,8 +350,7 @@ def train_steps(r, meter, stop, prof, after_step):
     for images, labels in timed_batches(r, meter):
         loss = state.train_on(images, labels)
         if r.first_step_s is None:  # summary.json's first_step_s (ModelZoo's CompileTime)
-            synchronize(r.device)
-            r.first_step_s = time.perf_counter() - meter.start
+            r.first_step_s = meter.elapsed()
         if r.compile_steps and state.mid_epoch:  # an epoch's last step stays: it ends the epoch
             r.compile_steps -= 1
             compile_s = meter.leave_out(state.global_step)
@@ -375,12 +358,12 @@ def train_steps(r, meter, stop, prof, after_step):
                 r.log.info(f"compile: the first {COMPILE_STEPS} steps took {compile_s:.1f} s (tracing and "
                            f"code generation), left out of the rates")
         else:
-            r.watchdog.beat(state.global_step)
             meter.add(loss)
             if state.epoch_step % log_every == 0 or not state.mid_epoch:
                 loss_mean, interval = meter.interval_loss(), meter.end_interval(state.global_step)
                 check_finite(r, loss_mean)
                 log_interval(r, loss_mean, interval)
+            r.watchdog.beat(state.global_step)
         after_step()
         prof.step()
         if state.finished or stop.should_stop():  # the same on every rank, so the reduction stays paired
@@ -388,17 +371,12 @@ def train_steps(r, meter, stop, prof, after_step):
 
 
 def timed_batches(r, meter):
-    """The epoch's remaining batches, on the device; the wait for each is timed on the host
-    (after a device sync under train.measure_breakdown, so compute does not count as wait) and is
-    the watchdog's data phase."""
+    """The epoch's remaining batches, on the device; the wait for each is timed by the meter and
+    is the watchdog's data phase."""
     batches = itertools.islice(r.state.batches(r.train_loader), r.state.steps_per_epoch - r.state.epoch_step)
     while True:
-        if r.breakdown is not None:
-            synchronize(r.device)
-        start = time.perf_counter()
-        with r.watchdog.waiting("data"), r.state.phase("data"):
+        with meter.waiting(), r.watchdog.waiting("data"), r.state.phase("data"):
             batch = next(batches, None)
-        meter.waited(time.perf_counter() - start)
         if batch is None:
             return
         yield batch
@@ -413,9 +391,22 @@ def check_finite(r, loss_mean):
 
 def validate(r):
     """{'': (top1, top5)} of the network, and {'EMA': ...} of its average when there is one."""
-    batches = r.state.batches(r.val_loader)
-    return {label: accuracy(net, r.watchdog.watched(batches) if r.watchdog else batches, r.state.autocast, r.device)
+    return {label: accuracy(net, watched(r.state.batches(r.val_loader), r.watchdog), r.state.autocast, r.device)
             for label, net in r.state.eval_nets().items()}
+
+
+def watched(batches, watchdog):
+    """``batches``, each a beat of the watchdog (when there is one), the wait for each its phase
+    'val-data' (not 'data': a stop signal waits for the end of validation)."""
+    iterator = iter(batches)
+    while True:
+        with watchdog.waiting("val-data") if watchdog else contextlib.nullcontext():
+            batch = next(iterator, None)
+        if batch is None:
+            return
+        if watchdog:
+            watchdog.beat()
+        yield batch
 
 
 class Accuracy(NamedTuple):

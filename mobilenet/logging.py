@@ -12,7 +12,11 @@ import sys
 import threading
 from pathlib import Path
 
+import yaml
+
 from mobilenet.checkpoint import save_atomic
+from mobilenet.config import thaw
+from mobilenet.device import bf16_hint, describe
 from mobilenet.errors import TrainingFailure, UsageError
 
 
@@ -37,10 +41,11 @@ def accuracy_line(top1, top5, note="", prefix=""):
     return f" *{prefix} Prec@1 {top1:.3f} Prec@5 {top5:.3f}" + (f"  ({note})" if note else "")
 
 
-def run_description(cfg, *, device, optimizer, images, steps, bf16_hint=None):
+def run_description(cfg, *, device, images, steps):
     """The lines that open a run's log: the device and precision, the data and batch, the loader
     and compile choices, the command line's notes and a bf16 hint. ``images``: (train, val)."""
     derived, data, optim = cfg["derived"], cfg["data"], cfg["optim"]
+    hint, device, optimizer = bf16_hint(cfg), describe(device), derived["optimizer_class"]
     scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
     auto = " (auto: from the usable cores)" if data["workers"] == "auto" else ""
     return [f"device {device}, {derived['world_size']} process(es); optimizer {optimizer}; amp "
@@ -50,7 +55,7 @@ def run_description(cfg, *, device, optimizer, images, steps, bf16_hint=None):
             f"lr {derived['lr']:g}{scaled}",
             f"data.workers {derived['workers']}{auto}; train.compile {derived['compile_why']}",
             *(f"command line: {note}" for note in derived["command_line"]),
-            *([bf16_hint] if bf16_hint else [])]
+            *([hint] if hint else [])]
 
 
 class DataWaitHint:
@@ -70,6 +75,17 @@ class DataWaitHint:
         return (f"hint: data wait {data_wait:.0%} of the step for {self.INTERVALS} log intervals: raise "
                 f"data.workers (now {workers}), keep a small dataset in memory (data.cache_mb) or use "
                 f"faster storage")
+
+
+def read_summary(path, say):
+    """A finished run's summary.json; {} (said) when it is missing or damaged."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        say(f"note: {path} is unreadable ({type(e).__name__}); the checkpoints are intact")
+        return {}
 
 
 def keep_records_up_to(path, global_step):
@@ -115,13 +131,14 @@ class RunLogger:
         self.console = enabled
         self.tensorboard = self.metrics = None
 
-    def start(self, resumed_at=None):
-        """Opens metrics.jsonl and TensorBoard. ``resumed_at``: the global step a resumed run
-        continues after; the records of later steps (written after that checkpoint, and replayed
-        now) go."""
+    def start(self, config, resumed_at=None):
+        """Writes ``config`` (resolved) to config.yaml, opens metrics.jsonl and TensorBoard.
+        ``resumed_at``: the global step a resumed run continues after; the records of later steps
+        (written after that checkpoint, and replayed now) go."""
         if not self.enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
+        resolved = yaml.safe_dump(thaw(config), sort_keys=False).encode()
         path = self.run_dir / "metrics.jsonl"
         try:
             if resumed_at is not None and path.exists():
@@ -129,6 +146,7 @@ class RunLogger:
             self.metrics = open(path, "a")
         except OSError as e:
             raise UsageError(f"--output {self.run_dir}: cannot write there ({e.strerror})") from None
+        save_atomic(resolved, self.run_dir / "config.yaml", "the config")
         purge = {} if resumed_at is None else {"purge_step": resumed_at + 1}
         self.tensorboard = SummaryWriter(str(self.run_dir), **purge)
         threading.excepthook = quiet_writer_errors

@@ -25,12 +25,13 @@ class Interval(NamedTuple):
 
 
 class EpochMeter:
-    """Where one epoch's time goes: host seconds waiting for data (``waited``), the interval's loss
+    """Where one epoch's time goes: host seconds waiting for data (``waiting``), the interval's loss
     (summed on the device, ``add``) and its timing (``end_interval``). Steps are global steps, from
     ``at_step``. It measures; the engine reports."""
 
-    def __init__(self, *, device, world_size, global_batch, run_start, at_step):
+    def __init__(self, *, device, world_size, global_batch, run_start, at_step, sync_wait=False):
         self.device, self.world_size, self.global_batch = device, world_size, global_batch
+        self.sync_wait = sync_wait  # under train.measure_breakdown: compute does not count as wait
         self.run_start, self.first = run_start, at_step
         self.start = self.interval_start = time.perf_counter()
         self.loss_sum = torch.zeros((), device=device)
@@ -40,9 +41,22 @@ class EpochMeter:
         self.compile_s = 0.0
         self.seconds = 0.0
 
-    def waited(self, seconds):
-        self.wait_s += seconds
-        self.interval_wait_s += seconds
+    def elapsed(self):
+        """Seconds since the epoch began, the device's work included (a sync)."""
+        synchronize(self.device)
+        return time.perf_counter() - self.start
+
+    @contextlib.contextmanager
+    def waiting(self):
+        """A wait for data, timed on the host (after a device sync with ``sync_wait``)."""
+        if self.sync_wait:
+            synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.wait_s += time.perf_counter() - start
+            self.interval_wait_s += time.perf_counter() - start
 
     def add(self, loss):
         self.loss_sum += loss.float()
@@ -82,8 +96,9 @@ class EpochMeter:
         return self.compile_s
 
     def totals(self, step):
-        """Images all processes trained, seconds and data wait of this epoch, up to ``step``."""
-        self.seconds = time.perf_counter() - self.start
+        """Images all processes trained, seconds and data wait of this epoch, up to ``step`` (after
+        the device has finished)."""
+        self.seconds = self.elapsed()
         return {"images": (step - self.first) * self.global_batch, "seconds": self.seconds,
                 "data_wait_s": self.wait_s}
 

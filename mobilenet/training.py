@@ -244,11 +244,12 @@ class TrainingState:
         training checkpoint, which this run must be able to continue (a UsageError says what
         differs). Returns whether it was a training checkpoint."""
         step = self.train_step
+        if is_training_checkpoint(checkpoint):  # checked before any weight is loaded
+            self.check_resumable(checkpoint, source)
         load_weights(step.net, checkpoint, source)
         step.precision.load_weights(unwrap_state_dict(checkpoint))
         if not is_training_checkpoint(checkpoint):
             return False
-        self.check_resumable(checkpoint, source)
         step.optimizer.load_state_dict(checkpoint["optimizer"])
         if step.compiled:  # load_state_dict put the saved float LRs where the tensors were
             hold_lr_in_tensors(step.optimizer)

@@ -87,18 +87,6 @@ class Watchdog:
         finally:
             self.phase = None
 
-    def watched(self, batches):
-        """``batches``, each a beat, the wait for it the phase 'val-data' (not 'data': a stop
-        signal waits for the end of validation)."""
-        iterator = iter(batches)
-        while True:
-            with self.waiting("val-data"):
-                batch = next(iterator, None)
-            if batch is None:
-                return
-            self.beat()
-            yield batch
-
     def phase_seconds(self):
         return time.monotonic() - self.phase_start
 
