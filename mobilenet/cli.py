@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
-from mobilenet.config import FLAGS, build_config, coerce_setting, parse_override, resolve
+from mobilenet.config import CHOICES, FLAGS, build_config, coerce_setting, parse_override, resolve
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
 from mobilenet.measure import PROFILED_STEPS
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ARCH_NAMES = {"mobilenet", "mobilenet_v1", "mobilenetv1"}
-AMP_LEVELS = ("O0", "O1", "O2")
+AMP_LEVELS = tuple(sorted(CHOICES["amp.level"]))  # O0, O1, O2
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
 # Launcher flags of those scripts that cannot keep their meaning in one train.py process: each is
@@ -62,7 +62,8 @@ def build_parser(description=None):
     p = OneLineParser(description=description, allow_abbrev=False)  # no flag is reached by a prefix
     p.add_argument("--config", help="YAML config (default: demo.yaml without --data, "
                    "synthetic.yaml with --data synthetic, imagenet.yaml with a folder)")
-    p.add_argument("--optimizer", choices=["standard", "fused"], help="optim.impl")
+    p.add_argument("--optimizer", choices=sorted(CHOICES["optim.impl"], reverse=True),  # standard, fused
+                   help="optim.impl")
     p.add_argument("--data", help="ImageFolder root with train/ and val/, 'synthetic' or 'digits'")
     p.add_argument("--device", choices=DEVICES)
     p.add_argument("--amp", choices=AMP_LEVELS, help="amp.level")

@@ -199,7 +199,6 @@ def fit(r):
     saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"])
     totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0, "other_load": OtherLoad()}
     results = {"": Accuracy(0.0, 0.0, 0, 0)}
-    trace = profiler(r.device, Path(cfg["output"]) / "profile", cfg["train"]["profile"] and r.world.is_main)
     run_start = time.perf_counter()
     periodic = ckpt.Every(cfg["train"]["checkpoint_every_minutes"] if r.world.is_main else 0)
 
@@ -208,9 +207,13 @@ def fit(r):
             save_last_if_finite(r, saver)
     r.watchdog = Watchdog(cfg["train"]["stall_timeout"], r.world, cfg["data"]["path"],
                           Path(cfg["output"]) / "checkpoints")
-    with r.watchdog, StopOnSignal(r.world, r.watchdog) as stop, r.worker_signals.protect(), trace as prof:
+    trace = Path(cfg["output"]) / "profile"
+    with (r.watchdog, StopOnSignal(r.world, r.watchdog) as stop, r.worker_signals.protect(),
+          profiler(r.device, trace, cfg["train"]["profile"] and r.world.is_main) as prof):
         while not r.state.finished:
-            meter = train_one_epoch(r, stop, prof, run_start, save_if_due)
+            meter = EpochMeter(device=r.device, world_size=r.world.size, global_batch=cfg["derived"]["global_batch"],
+                               run_start=run_start, at_step=r.state.global_step, sync_wait=r.breakdown is not None)
+            train_one_epoch(r, meter, stop, prof, save_if_due)
             for key, value in meter.totals(r.state.global_step).items():  # images, seconds, data_wait_s
                 totals[key] += value
             if r.state.mid_epoch:  # stopped by a signal
@@ -330,19 +333,16 @@ def log_interval(r, loss, interval):
                  img_per_s=interval.img_per_s, data_wait=interval.data_wait, **extras)
 
 
-def train_one_epoch(r, stop, prof, run_start, after_step):
-    """Trains from batch ``r.state.epoch_step`` to the end of the epoch, or until ``stop`` says so.
-    ``after_step``: the periodic checkpoint. Steps that compile (``r.compile_steps``) are timed
-    apart and left out of the rates."""
+def train_one_epoch(r, meter, stop, prof, after_step):
+    """Trains from batch ``r.state.epoch_step`` to the end of the epoch, or until ``stop`` says so,
+    measured by ``meter``. ``after_step``: the periodic checkpoint. Steps that compile
+    (``r.compile_steps``) are timed apart and left out of the rates."""
     r.state.train(freeze_bn=r.cfg["train"]["freeze_bn"])
     r.train_loader.sampler.set_epoch(r.state.epoch, r.state.epoch_step * r.cfg["data"]["batch_size"])
-    meter = EpochMeter(device=r.device, world_size=r.world.size, global_batch=r.cfg["derived"]["global_batch"],
-                       run_start=run_start, at_step=r.state.global_step, sync_wait=r.breakdown is not None)
     try:
         train_steps(r, meter, stop, prof, after_step)
     except StopRequested:  # during a wait for data: the last step's state is whole; the run ends
         kill_loader_workers()  # now, and a stuck worker would hold the loader's shutdown
-    return meter
 
 
 def train_steps(r, meter, stop, prof, after_step):
@@ -386,7 +386,8 @@ def check_finite(r, loss_mean):
     """A non-finite loss ends the run unless dynamic loss scaling skips such steps."""
     if not math.isfinite(loss_mean) and not r.state.skips_bad_steps():
         raise TrainingFailure(f"the loss became {loss_mean} in epoch {r.state.epoch} before step "
-                              f"{r.state.epoch_step}: stopped; nothing saved after {r.cfg['output']}/checkpoints/last.pt")
+                              f"{r.state.epoch_step}: stopped; nothing saved after "
+                              f"{r.cfg['output']}/checkpoints/last.pt")
 
 
 def validate(r):
