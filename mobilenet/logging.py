@@ -45,10 +45,10 @@ def run_description(cfg, *, device, images, steps):
     """The lines that open a run's log: the device and precision, the data and batch, the loader
     and compile choices, the command line's notes and a bf16 hint. ``images``: (train, val)."""
     derived, data, optim = cfg["derived"], cfg["data"], cfg["optim"]
-    hint, device, optimizer = bf16_hint(cfg), describe(device), derived["optimizer_class"]
+    hint, optimizer = bf16_hint(cfg), derived["optimizer_class"]
     scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
     auto = " (auto: from the usable cores)" if data["workers"] == "auto" else ""
-    return [f"device {device}, {derived['world_size']} process(es); optimizer {optimizer}; amp "
+    return [f"device {describe(device)}, {derived['world_size']} process(es); optimizer {optimizer}; amp "
             f"{cfg['amp']['level']} ({derived['amp_backend']})",
             f"data {data['path']}: {images[0]} train / {images[1]} val images, batch {data['batch_size']} per "
             f"process x {derived['world_size']} = {derived['global_batch']} global, {steps} steps/epoch, "

@@ -1,7 +1,7 @@
 """What the training loop measures about itself: where an epoch's time goes (EpochMeter),
-dispatched-op counts (per step phase), the step's time
-breakdown, the other processes' share of the CPU, profiler traces. Below the engine; the
-benchmark harness that drives whole runs is scripts/benchmarks/harness.py, above it."""
+dispatched-op counts (per step phase), the step's time breakdown, the other processes' share of
+the CPU, profiler traces. Below the engine; the benchmark harness that drives whole runs is
+scripts/benchmarks/harness.py, above it."""
 import contextlib
 import os
 import time
@@ -55,8 +55,9 @@ class EpochMeter:
         try:
             yield
         finally:
-            self.wait_s += time.perf_counter() - start
-            self.interval_wait_s += time.perf_counter() - start
+            waited = time.perf_counter() - start
+            self.wait_s += waited
+            self.interval_wait_s += waited
 
     def add(self, loss):
         self.loss_sum += loss.float()

@@ -295,11 +295,12 @@ class TrainingState:
         unknown = sorted(str(key) for key in checkpoint if key not in KNOWN_KEYS)
         if unknown:
             notes.append(f"the checkpoint's keys {', '.join(unknown[:8])} are not this app's; ignored")
+        changed = data_changes(checkpoint.get("data"), self.data)
         if not checkpoint.get("data"):
             notes.append("the checkpoint records no description of its data (written before they were "
                          "recorded), so whether the data changed could not be checked")
-        elif data_changes(checkpoint["data"], self.data):
-            notes.append(f"the data changed since the checkpoint: {data_changes(checkpoint['data'], self.data)}")
+        elif changed:
+            notes.append(f"the data changed since the checkpoint: {changed}")
         if checkpoint.get("epoch_step") and self.cfg["train"]["resume_next_epoch"]:
             notes.append(f"train.resume_next_epoch: the rest of epoch {checkpoint['epoch']} (from step "
                          f"{checkpoint['epoch_step']}) is skipped; training goes on at epoch {self.epoch}")

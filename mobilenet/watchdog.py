@@ -107,7 +107,7 @@ class Watchdog:
                 try:
                     store.set(KEY.format(self.world.rank), f"{self.step} {progress_at} {now} {self.phase or '-'}")
                 except Exception:  # noqa: BLE001  a store that fails once must not end the reports
-                    continue
+                    pass
 
     def check(self):
         while not self.stopped.wait(min(1.0, self.timeout / 10)):

@@ -257,10 +257,11 @@ def build_datasets(data, model):
 
 
 class WorkerSignals:
-    """Whether the loader's workers outlive the stop signals (errors.stop_signals). While the run trains (``protect()``)
-    they do: torchrun, Slurm, `timeout` and Ctrl-C signal the whole process group or every process,
-    and the run, which stops after its step and saves, ends the workers itself. Otherwise they end
-    at once, so that the loader and multiprocessing can shut them down (both use SIGTERM)."""
+    """Whether the loader's workers outlive the stop signals (errors.stop_signals). While the run
+    trains (``protect()``) they do: torchrun, Slurm, `timeout` and Ctrl-C signal the whole process
+    group or every process, and the run, which stops after its step and saves, ends the workers
+    itself. Otherwise they end at once, so that the loader and multiprocessing can shut them down
+    (both use SIGTERM)."""
 
     def __init__(self):
         self.protected = multiprocessing.Value("b", 0, lock=False)  # shared with the workers
