@@ -96,6 +96,57 @@ def from_rank0(compute):
     return value
 
 
+def is_distributed():
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+@torch.no_grad()
+def broadcast_from_rank0(tensors):
+    """Rank 0's values into ``tensors`` on every rank (one broadcast per dtype); a no-op in a world
+    of one. For state that must be equal everywhere and that DDP does not keep so: the network
+    before the O2 masters are cloned from it, BatchNorm statistics before validation and saves."""
+    if not is_distributed():
+        return
+    by_dtype = {}
+    for tensor in tensors:
+        by_dtype.setdefault(tensor.dtype, []).append(tensor)
+    for group in by_dtype.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        dist.broadcast(flat, src=0)
+        for tensor, values in zip(group, flat.split([t.numel() for t in group])):
+            tensor.copy_(values.view(tensor.shape))
+
+
+# The integer view of each element size, for bit-exact checksums (8-byte elements as two int32s,
+# so that an int64 sum cannot overflow).
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
+
+
+def checksum(value, device):
+    """An int64 sum of ``value``'s bit patterns (a tensor or a number): equal tensors give equal
+    sums, and a changed bit (a diverged rank, a memory fault) changes it."""
+    if not isinstance(value, torch.Tensor):
+        value = torch.tensor(float(value), dtype=torch.float64)
+    bits = value.detach().to(device).contiguous().reshape(-1).view(BITS[value.element_size()])
+    return bits.sum(dtype=torch.int64)
+
+
+def first_disagreement(named, device):
+    """None when every rank holds the same ``named`` state ([(name, tensor or number)], in the same
+    order on every rank), else (name, [ranks that differ from rank 0]) of the first that differs.
+    One all_gather of a checksum per tensor; every rank reaches the same answer."""
+    if not is_distributed():
+        return None
+    sums = torch.stack([checksum(value, device) for _, value in named])
+    gathered = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, sums)
+    differs = torch.stack([row != gathered[0] for row in gathered]).cpu()  # ranks x tensors
+    if not differs.any():
+        return None
+    first = int(differs.any(dim=0).nonzero()[0])
+    return named[first][0], differs[:, first].nonzero().flatten().tolist()
+
+
 def all_reduce_max(tensor):
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)

@@ -56,10 +56,12 @@ class StopRequested(BaseException):
 
 
 class StopOnSignal:
-    """A stop signal (errors.stop_signals) to any process of the job stops the run after the step,
-    or at once during a stuck data wait (StopRequested); every rank stops after the same step (a
-    one-element host reduction, no device sync); the loader's workers outlive it (WorkerSignals).
-    Once the run saves (``saving()``) signals are ignored; a second Ctrl-C is mobilenet.watchdog's."""
+    """A stop signal (errors.stop_signals) to any process of the job stops the run before the next
+    step: every rank votes after its wait for the batch, in a one-element host reduction (no device
+    sync), so every rank stops after the same step. A rank whose wait is stuck (a stopped loader
+    worker) leaves its wait at once (StopRequested) and votes in the reduction its peers wait in.
+    The loader's workers outlive the signal (WorkerSignals). Once the run saves (``saving()``)
+    signals are ignored; a second Ctrl-C is mobilenet.watchdog's."""
 
     def __init__(self, world, watchdog):
         self.world, self.watchdog, self.received = world, watchdog, None
@@ -226,7 +228,10 @@ def fit(r):
 
 def end_epoch(r, saver, epoch_seconds):
     """Validation, its log lines and records, and the epoch's checkpoints; returns the results.
-    An epoch that train.max_steps cut short is validated and saved at the step it reached."""
+    An epoch that train.max_steps cut short is validated and saved at the step it reached. Every
+    rank validates and holds what rank 0 saves (synced and checked first)."""
+    r.state.sync_buffers()
+    r.state.check_ranks_agree()
     val_start = time.perf_counter()
     results = validate(r)
     r.val_seconds = time.perf_counter() - val_start
@@ -339,16 +344,15 @@ def train_one_epoch(r, meter, stop, prof, after_step):
     (``r.compile_steps``) are timed apart and left out of the rates."""
     r.state.train(freeze_bn=r.cfg["train"]["freeze_bn"])
     r.train_loader.sampler.set_epoch(r.state.epoch, r.state.epoch_step * r.cfg["data"]["batch_size"])
-    try:
-        train_steps(r, meter, stop, prof, after_step)
-    except StopRequested:  # during a wait for data: the last step's state is whole; the run ends
-        kill_loader_workers()  # now, and a stuck worker would hold the loader's shutdown
+    train_steps(r, meter, stop, prof, after_step)
 
 
 def train_steps(r, meter, stop, prof, after_step):
     state, log_every = r.state, r.cfg["train"]["log_every"]
-    for images, labels in timed_batches(r, meter):
-        loss = state.train_on(images, labels)
+    for batch in timed_batches(r, meter):
+        if stop.should_stop():  # every rank votes here, one whose wait was stuck too (batch None)
+            break
+        loss = state.train_on(*batch)
         if r.first_step_s is None:  # summary.json's first_step_s (ModelZoo's CompileTime)
             r.first_step_s = meter.elapsed()
         if r.compile_steps and state.mid_epoch:  # an epoch's last step stays: it ends the epoch
@@ -366,17 +370,24 @@ def train_steps(r, meter, stop, prof, after_step):
             r.watchdog.beat(state.global_step)
         after_step()
         prof.step()
-        if state.finished or stop.should_stop():  # the same on every rank, so the reduction stays paired
+        if state.finished:
             break
 
 
 def timed_batches(r, meter):
     """The epoch's remaining batches, on the device; the wait for each is timed by the meter and
-    is the watchdog's data phase."""
+    is the watchdog's data phase. A stop signal during a stuck wait ends it: then None comes, the
+    last step's state being whole, and the loader's workers are gone (a stuck one would hold the
+    loader's shutdown)."""
     batches = itertools.islice(r.state.batches(r.train_loader), r.state.steps_per_epoch - r.state.epoch_step)
     while True:
-        with meter.waiting(), r.watchdog.waiting("data"), r.state.phase("data"):
-            batch = next(batches, None)
+        try:
+            with meter.waiting(), r.watchdog.waiting("data"), r.state.phase("data"):
+                batch = next(batches, None)
+        except StopRequested:
+            kill_loader_workers()
+            yield None
+            return
         if batch is None:
             return
         yield batch

@@ -20,9 +20,9 @@ from mobilenet.amp import build_precision
 from mobilenet.config import thaw
 from mobilenet.data.prefetch import DevicePrefetcher
 from mobilenet.device import compiled, device_module
-from mobilenet.distributed import from_rank0, wrap_ddp
+from mobilenet.distributed import broadcast_from_rank0, first_disagreement, from_rank0, wrap_ddp
 from mobilenet.ema import WeightEMA
-from mobilenet.errors import UsageError
+from mobilenet.errors import TrainingFailure, UsageError
 from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
 from mobilenet.optim import (IMPLIES, build_optimizer, build_scheduler, hold_lr_in_tensors, hyperparameters,
                              plain_numbers, zero_grad_to_none)
@@ -105,6 +105,9 @@ def build_train_step(cfg, device):
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     layout = torch.channels_last if derived["channels_last"] else torch.contiguous_format
     net = net.to(device, memory_format=layout)
+    # every rank starts from rank 0's weights before anything is cloned from them (the O2 masters,
+    # the EMA): DDP's own broadcast at the wrap reaches only the module
+    broadcast_from_rank0(net.state_dict().values())
     precision = build_precision(cfg["amp"], backend=derived["amp_backend"], device=device, net=net,
                                 skip_on_device=IMPLIES[implementation].skip_on_device)
     optimizer = build_optimizer(precision.params(net), implementation=implementation, name=optim["name"],
@@ -190,6 +193,36 @@ class TrainingState:
     def phase(self, name):
         """The phase hook around a phase of the loop's own (its wait for data)."""
         return self.train_step.phase(name)
+
+    def sync_buffers(self):
+        """Rank 0's BatchNorm statistics (the network's and the EMA's) on every rank, so that every
+        rank validates the model that rank 0 saves. Rank 0's, not an average: DDP broadcasts rank
+        0's buffers at each training forward already, so only the last step's batch differs, and
+        the EMA's average of them stays a function of rank 0's history, which a checkpoint holds
+        (a mid-epoch resume stays exact)."""
+        step = self.train_step
+        broadcast_from_rank0([*step.net.buffers(), *(step.ema.module.buffers() if step.ema else ())])
+
+    def check_ranks_agree(self):
+        """Every rank must hold what rank 0 saves for all of them: the checkpoint's state (weights or
+        O2 masters, buffers, optimizer, scheduler, loss scaler, EMA; not the RNG states, per rank by
+        design) and the network the step trains. A TrainingFailure names the first that differs."""
+        found = first_disagreement(self.shared_state(), self.device)
+        if found:
+            name, ranks = found
+            raise TrainingFailure(f"the ranks disagree at the end of epoch {self.epoch}: {name} differs on "
+                                  f"rank(s) {', '.join(map(str, ranks))} from rank 0 (a rank's memory, "
+                                  f"kernel or code went its own way); stopped before saving, the "
+                                  f"checkpoints written before stay valid")
+
+    def shared_state(self):
+        """[(name, tensor or number)] of what must be equal on every rank (check_ranks_agree)."""
+        checkpoint = {k: v for k, v in self.state_dict().items() if k not in PER_RANK_KEYS}
+        items = list(flat_items(checkpoint))
+        seen = {where(value) for _, value in items if isinstance(value, torch.Tensor)}
+        # the network's tensors that the checkpoint does not hold already (O2's half weights)
+        return items + [(f"network.{name}", value) for name, value in self.train_step.net.state_dict().items()
+                        if where(value) not in seen]
 
     def weights_finite(self):
         """Whether every weight is finite (one device read: for saves between loss checks)."""
@@ -373,6 +406,26 @@ def refuse_going_back(resume, checkpoint, output):
         raise UsageError(f"--resume {resume} is at epoch {at[0]} step {at[1]}, but {later[0]} is further "
                          f"(epoch {later[1]['epoch']} step {later[1]['epoch_step']}) and this run would save "
                          f"over it; to branch from {resume}, pass another --output")
+
+
+# Checkpoint keys that are per rank by design (the RNG states) or not state (the data record, the config).
+PER_RANK_KEYS = {"rng", "data", "config"}
+
+
+def flat_items(tree, prefix=""):
+    """(dotted name, tensor or number) of every tensor and number in nested dicts and lists."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, (dict, list, tuple)):
+            yield from flat_items(value, name + ".")
+        elif isinstance(value, (torch.Tensor, int, float)):
+            yield name, value
+
+
+def where(tensor):
+    """What tells two views of the same values apart from a copy."""
+    return tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride()
 
 
 def whole(value):

@@ -4,8 +4,9 @@ sys.modules["apex"] (with ``install``) where they ask for it. It proves nothing 
 Written from the source of Ascend/apex, branch 5.0.0 (= master, 2023-11-23): patch/npu.patch over
 NVIDIA apex's amp (_initialize.py, _process_optimizer.py, handle.py, scaler.py, frontend.py) and
 src/apex/optimizers/npu_fused_*.py. What it models, as apex does it:
-- amp.initialize(model, optimizer, opt_level, loss_scale, combine_grad): refuses a model already in
-  half precision and an optimizer passed twice; O1 and O2 default to a dynamic loss scale. O2 casts
+- amp.initialize(model, optimizer, opt_level, loss_scale, combine_grad): refuses a model already
+  wrapped in DistributedDataParallel or DataParallel (check_models: the wrap comes after), a model
+  already in half precision and an optimizer passed twice; O1 and O2 default to a dynamic loss scale. O2 casts
   the model to float16 except BatchNorm, casts its floating inputs to float16 and its outputs to
   float32, and its state_dict() returns float32 (the half weights, cast). O1 keeps fp32 weights
   (apex patches torch's functions to run in float16 from its cast lists; the stand-in runs the
@@ -52,12 +53,17 @@ _state = types.SimpleNamespace(properties=None, scaler=None)
 def install(monkeypatch):
     """Put the stand-in where ``import apex`` finds it, for one test; torch.nn.Module.zero_grad,
     which amp.initialize replaces, is restored afterwards."""
+    monkeypatch.setattr(torch.nn.Module, "zero_grad", torch.nn.Module.zero_grad)
+    for name, module in modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return sys.modules["apex"]
+
+
+def modules():
+    """{module name: module} of the stand-in, for sys.modules (a process of its own may just update it)."""
     apex = types.ModuleType("apex")
     apex.amp, apex.optimizers = amp, optimizers
-    for name, module in (("apex", apex), ("apex.amp", amp), ("apex.optimizers", optimizers)):
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(torch.nn.Module, "zero_grad", torch.nn.Module.zero_grad)
-    return apex
+    return {"apex": apex, "apex.amp": amp, "apex.optimizers": optimizers}
 
 
 class LossScaler:
@@ -111,6 +117,15 @@ def _cast(value, dtype):
     if isinstance(value, (list, tuple)):
         return type(value)(_cast(v, dtype) for v in value)
     return value
+
+
+def _check_models(model):
+    """check_models: parallel wrappers come after amp.initialize."""
+    for wrapper in (torch.nn.parallel.DistributedDataParallel, torch.nn.parallel.DataParallel):
+        if isinstance(model, wrapper):
+            raise RuntimeError(f"Incoming model is an instance of torch.nn.parallel.{wrapper.__name__}. "
+                               "Parallel wrappers should only be applied to the model(s) AFTER \n"
+                               "the model(s) have been returned from amp.initialize.")
 
 
 def _check_params_fp32(model):
@@ -249,6 +264,7 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", loss_scale
     if loss_scale is None:
         loss_scale = 1.0 if opt_level == "O0" else "dynamic"
     _state.properties = types.SimpleNamespace(opt_level=opt_level, combine_grad=bool(combine_grad))
+    _check_models(models)
     _check_params_fp32(models)
     if opt_level == "O2":
         _cast_model_o2(models)

@@ -144,3 +144,6 @@ def test_the_standin_keeps_apexs_rules(apex):
         net.zero_grad(set_to_none=True)  # torch.nn.Module.zero_grad, replaced for the process (apex 5.0)
     with pytest.raises(RuntimeError, match="only be passed through amp.initialize once"):
         apex.amp.initialize(MobileNetV1(0.25, 10), sgd, opt_level="O2")
+    net = torch.nn.DataParallel(MobileNetV1(0.25, 10))  # DDP alike (tests/test_ranks.py: the app's order)
+    with pytest.raises(RuntimeError, match="Parallel wrappers should only be applied"):
+        apex.amp.initialize(net, apex.optimizers.NpuFusedSGD(net.parameters(), lr=0.1), opt_level="O2")

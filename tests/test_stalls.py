@@ -90,6 +90,30 @@ def start_modelzoo_ranks(out, digits, *extra):
             for rank in (0, 1)]
 
 
+def test_a_stop_signal_while_one_ranks_worker_is_stuck_stops_every_rank_after_one_step(tmp_path, digits):
+    """Rank 1's loader worker stops; SIGTERM to the job: rank 1 leaves its stuck wait and votes in
+    the reduction rank 0 waits in before its next step, so both stop after the same step, rank 0
+    saves it and both exit 0 (before, rank 1 left alone, unsaved, and rank 0 failed)."""
+    out = tmp_path / "run"
+    ranks = start_modelzoo_ranks(out, digits, "train.stall_timeout=0", "data.workers=1")
+    try:
+        wait_for_steps(ranks[0])
+        worker = stop_the_loader_worker(ranks[1])
+        time.sleep(1)  # the batches its loader had ready may still be training
+        for proc in ranks:
+            proc.send_signal(signal.SIGTERM)
+        outputs = [proc.communicate(timeout=60) for proc in ranks]
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.wait()
+    assert [proc.returncode for proc in ranks] == [0, 0], [stderr[-2000:] for _, stderr in outputs]
+    line = [entry for entry in outputs[0][0].splitlines() if entry.startswith("SIGTERM: stopped at epoch 0 step")]
+    assert line and "saved" in line[0], outputs[0][0][-2000:]
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch_step"] == int(line[0].split("step ")[1].split(",")[0])
+    assert gone(worker)
+
+
 def test_a_stopped_rank_is_named_by_the_others(tmp_path, digits):
     ranks = start_modelzoo_ranks(tmp_path / "run", digits, "train.stall_timeout=6")
     try:
