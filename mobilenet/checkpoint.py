@@ -98,24 +98,30 @@ class CheckpointSaver:
     """checkpoints/last.pt (every epoch, and within epochs on request), best.pt on a new best top-1,
     epoch_NNN.pt for the last K epochs: separate files, so one damaged file takes no other along."""
 
-    def __init__(self, run_dir, keep=0):
+    def __init__(self, run_dir, keep=0, writing=None):
+        """``writing(path)``: a context manager around each file's write (the stall watchdog's)."""
         self.folder = Path(run_dir) / "checkpoints"
         self.keep = keep
+        self.writing = writing or (lambda path: contextlib.nullcontext())
 
     @property
     def last(self):
         return self.folder / "last.pt"
 
+    def write(self, data, path):
+        with self.writing(path):
+            save_atomic(data, path)
+
     def save_last(self, state):
-        save_atomic(state, self.last)
+        self.write(state, self.last)
 
     def save(self, state, epoch, is_best):
         data = serialize(state)  # once, written to each file
-        save_atomic(data, self.last)
+        self.write(data, self.last)
         if is_best:
-            save_atomic(data, self.folder / "best.pt")
+            self.write(data, self.folder / "best.pt")
         if self.keep > 0:
-            save_atomic(data, self.folder / f"epoch_{epoch:03d}.pt")
+            self.write(data, self.folder / f"epoch_{epoch:03d}.pt")
             for old in sorted(self.folder.glob("epoch_*.pt"))[:-self.keep]:
                 old.unlink()
 

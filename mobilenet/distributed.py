@@ -2,6 +2,7 @@
 import datetime
 import functools
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -35,13 +36,43 @@ def world_from_env():
 def init_process_group(world, device, stall_timeout=0):
     """hccl on npu, nccl on cuda, gloo on cpu; nothing for a world of one. With a stall watchdog
     (train.stall_timeout) a collective times out after twice its time and a minute: the watchdog
-    names the culprit first, the timeout is the backstop (start-up waits count too)."""
+    names the culprit first, the timeout is the backstop (start-up waits count too). Processes
+    started without torchrun (ModelZoo's --distributed) say whom they wait for and how long; a
+    failed meeting is one line."""
     if world.size > 1 and not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        if stall_timeout > 0:
-            kwargs["timeout"] = datetime.timedelta(seconds=2 * stall_timeout + 60)
-        dist.init_process_group(DIST_BACKENDS[device.type], rank=world.rank,
-                                world_size=world.size, **kwargs)
+        wait = 2 * stall_timeout + 60 if stall_timeout > 0 else DEFAULT_WAIT_S
+        kwargs["timeout"] = datetime.timedelta(seconds=wait)
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        if "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun's agents met already, and say so
+            print(f"rank {world.rank} of {world.size}: waiting up to {wait:.0f} s for the job's {world.size} "
+                  f"processes at {where}", flush=True)
+        try:
+            dist.init_process_group(DIST_BACKENDS[device.type], rank=world.rank,
+                                    world_size=world.size, **kwargs)
+        except dist.DistError as e:
+            raise meeting_failure(e, world, where, wait) from None
+
+
+DEFAULT_WAIT_S = 1800  # torch's own default for a collective (train.stall_timeout 0)
+
+
+def meeting_failure(error, world, where, wait):
+    """The one line for a job whose processes could not meet at ``where`` (MASTER_ADDR:PORT)."""
+    text, port = str(error), where.rsplit(":", 1)[-1]
+    if "EADDRINUSE" in text or "address already in use" in text:
+        return UsageError(f"MASTER_PORT {port}: the port is in use at {where} (another job, or this job started "
+                          f"twice?); give every process of this job one free MASTER_PORT")
+    joined = re.search(r"(\d+)/(\d+) clients joined", text)
+    if joined:
+        return TrainingFailure(f"rank {world.rank} waited {wait:.0f} s at {where}, and {joined.group(1)} of the job's "
+                               f"{world.size} processes arrived; start every one (RANK_ID 0..{world.size - 1} on "
+                               f"each node) with the same MASTER_ADDR and MASTER_PORT")
+    if "trying to connect" in text:
+        return TrainingFailure(f"rank {world.rank} could not reach rank 0 at {where} within {wait:.0f} s: rank 0 "
+                               f"is not running there, or MASTER_ADDR and MASTER_PORT differ between the processes")
+    return TrainingFailure(f"rank {world.rank}: the job's processes could not meet at {where} "
+                           f"({text.strip().splitlines()[0][:200]})")
 
 
 def wrap_ddp(model, world_size, device):

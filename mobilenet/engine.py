@@ -16,7 +16,7 @@ from mobilenet.data import build_datasets, build_loaders
 from mobilenet.data.datasets import WorkerSignals, data_record, unreadable_flags
 from mobilenet.device import open_device, peak_memory_mb
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
-                                   host_group, init_process_group, world_from_env)
+                                   from_rank0, host_group, init_process_group, world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
 from mobilenet.logging import (DataWaitHint, RunLogger, accuracy_line, progress_line, read_summary,
                                run_description)
@@ -42,6 +42,7 @@ class Run:
     compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
     first_step_s: float | None = None  # the process's first step, data and device time included
     watchdog: Watchdog | None = None   # stall_timeout; set by fit()
+    classes_said: set = field(default_factory=set)  # (split, class) found wholly unreadable, said once
 
 
 # Steps that compile under train.compile: the model and the optimizer at the first, the optimizer
@@ -141,7 +142,7 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
                 r.state.resume(resume, fallback=fallback, evaluate_only=evaluate_only, say=r.log.info)
             if evaluate_only:
                 return evaluate_only_run(r)
-            if r.state.finished:
+            if r.state.finished and not r.state.awaiting_validation:
                 return already_complete(r)
             r.log.start(config=r.cfg, resumed_at=r.state.resumed_at)  # once the run is known to start
             return fit(r)
@@ -185,8 +186,15 @@ def evaluate_only_run(r):
 
 
 def already_complete(r):
-    """--resume of a finished run: says so and leaves its files as they are."""
-    summary = read_summary(Path(r.cfg["output"]) / "summary.json", r.log.info)
+    """--resume of a finished run: says so and leaves its files as they are; a summary.json that
+    is missing or damaged (the run ended while it wrote it) is written again from a validation."""
+    path = Path(r.cfg["output"]) / "summary.json"
+    if not from_rank0(lambda: bool(read_summary(path, r.log.info))):
+        r.log.info(f"{path} is missing or unreadable: the final checkpoint is validated again to write it")
+        results = validate(r)
+        r.log.info(accuracy_line(results[""].top1, results[""].top5, results[""].note()))
+        finish(r, {"images": 0, "seconds": 0.0, "data_wait_s": 0.0, "other_load": OtherLoad()}, results)
+    summary = read_summary(path, r.log.info)
     train = r.cfg["train"]
     cap = f", {train['max_steps']} steps at most (train.max_steps)" if train["max_steps"] else ""
     r.log.info(f"{r.cfg['output']} is complete: {r.state.epoch} of {train['epochs']} epochs{cap} trained "
@@ -196,34 +204,38 @@ def already_complete(r):
 
 
 def fit(r):
-    """Epochs of training and validation; checkpoints and the summary at the end."""
+    """Epochs of training and validation; checkpoints and the summary at the end. An epoch trained
+    but not validated (a crash in its validation, after a save of its last step) is validated first."""
     cfg = r.cfg
-    saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"])
+    r.watchdog = Watchdog(cfg["train"]["stall_timeout"], r.world, cfg["data"]["path"],
+                          Path(cfg["output"]) / "checkpoints")
+    saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"], writing=r.watchdog.writing)
     totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0, "other_load": OtherLoad()}
     results = {"": Accuracy(0.0, 0.0, 0, 0)}
-    run_start = time.perf_counter()
+    run_start, epoch_seconds = time.perf_counter(), 0.0
     periodic = ckpt.Every(cfg["train"]["checkpoint_every_minutes"] if r.world.is_main else 0)
 
     def save_if_due():
         if periodic.due():
             save_last_if_finite(r, saver)
-    r.watchdog = Watchdog(cfg["train"]["stall_timeout"], r.world, cfg["data"]["path"],
-                          Path(cfg["output"]) / "checkpoints")
     trace = Path(cfg["output"]) / "profile"
     with (r.watchdog, StopOnSignal(r.world, r.watchdog) as stop, r.worker_signals.protect(),
           profiler(r.device, trace, cfg["train"]["profile"] and r.world.is_main) as prof):
-        while not r.state.finished:
+        while True:
+            if r.state.awaiting_validation:
+                results = end_epoch(r, saver, epoch_seconds=epoch_seconds)
+                if not r.state.finished and stop.should_stop():
+                    return stopped(r, saver, stop)
+            if r.state.finished:
+                return finish(r, totals, results)  # a signal now waits until the summary is written
             meter = EpochMeter(device=r.device, world_size=r.world.size, global_batch=cfg["derived"]["global_batch"],
                                run_start=run_start, at_step=r.state.global_step, sync_wait=r.breakdown is not None)
             train_one_epoch(r, meter, stop, prof, save_if_due)
             for key, value in meter.totals(r.state.global_step).items():  # images, seconds, data_wait_s
                 totals[key] += value
-            if r.state.mid_epoch:  # stopped by a signal
+            epoch_seconds = meter.seconds
+            if not r.state.awaiting_validation:  # stopped by a signal
                 return stopped(r, saver, stop)
-            results = end_epoch(r, saver, epoch_seconds=meter.seconds)
-            if not r.state.finished and stop.should_stop():
-                return stopped(r, saver, stop)
-        return finish(r, totals, results)  # a signal now waits until the summary is written
 
 
 def end_epoch(r, saver, epoch_seconds):
@@ -244,9 +256,12 @@ def end_epoch(r, saver, epoch_seconds):
         r.log.info(accuracy_line(results["EMA"].top1, results["EMA"].top5, prefix=" EMA"))
     r.log.record("val", r.state.global_step, epoch=epoch, top1=own.top1, top5=own.top5,
                  epoch_time_s=epoch_seconds, **ema)
+    for split, name, files in unreadable_classes(r):
+        r.log.info(f"warning: class {name!r} ({split}): none of its {files} files could be read, so "
+                   f"{'no image of it is trained on' if split == 'train' else 'it is left out of the accuracy'}; "
+                   f"fix its files or remove the class folder from train/ and val/")
     if r.world.is_main:
         saver.save(r.state.state_dict(), r.state.epoch, is_best)
-        r.watchdog.beat()
     if not own.scored:
         raise UsageError(f"--data {r.cfg['data']['path']}: none of the {own.left_out} val images could be "
                          f"read (see the warnings), so there is no accuracy; the training is saved in "
@@ -280,7 +295,8 @@ def finish(r, totals, results):
         r.log.info(f"warning: {unreadable} unreadable image files were skipped (see the warnings)")
     if r.world.is_main:
         out = Path(cfg["output"])
-        ckpt.save_atomic((json.dumps(summary, indent=2) + "\n").encode(), out / "summary.json", "the summary")
+        with r.watchdog.writing(out / "summary.json") if r.watchdog else contextlib.nullcontext():
+            ckpt.save_atomic((json.dumps(summary, indent=2) + "\n").encode(), out / "summary.json", "the summary")
         written = " and ".join(name for name in ("last.pt", "best.pt") if (out / "checkpoints" / name).exists())
         r.log.info(f"top-1 {top1:.2f}%, {summary['img_per_s']:.1f} images/s. Run directory {out}: "
                    f"config.yaml, checkpoints/{written}, metrics.jsonl, summary.json; "
@@ -296,8 +312,6 @@ def save_last_if_finite(r, saver):
         raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before step "
                               f"{r.state.epoch_step}: stopped; nothing saved after {saver.last}")
     saver.save_last(r.state.state_dict())
-    if r.watchdog is not None:
-        r.watchdog.beat()
 
 
 def stopped(r, saver, stop):
@@ -312,6 +326,25 @@ def stopped(r, saver, stop):
     return None
 
 
+def unreadable_classes(r):
+    """(split, class name, file count) of each class whose files were all found unreadable (by any
+    process), once a run; a class with no file is refused when the data is scanned."""
+    found = []
+    for split, loader in (("train", r.train_loader), ("val", r.val_loader)):
+        flags = unreadable_flags(loader.dataset)
+        if not len(flags):  # synthetic
+            continue
+        flags = all_reduce_max(flags.to(r.device, torch.int32)).bool().cpu()
+        targets = torch.tensor(loader.dataset.targets)
+        files = torch.bincount(targets, minlength=len(loader.dataset.classes))
+        unread = torch.bincount(targets[flags], minlength=len(files))
+        for index in ((unread == files) & (files > 0)).nonzero().flatten().tolist():
+            if (split, index) not in r.classes_said:
+                r.classes_said.add((split, index))
+                found.append((split, loader.dataset.classes[index], int(files[index])))
+    return found
+
+
 def unreadable_files(r):
     """Train and val files found unreadable by any process (each process flags what it read)."""
     flags = torch.cat([unreadable_flags(r.train_loader.dataset), unreadable_flags(r.val_loader.dataset)])
@@ -322,9 +355,9 @@ def unreadable_files(r):
 def log_interval(r, loss, interval):
     """The progress line, metrics.jsonl and TensorBoard for the interval that ended."""
     state, steps = r.state, r.state.steps_per_epoch
-    epoch_end = min((state.epoch + 1) * steps, state.total_steps)
-    after_epoch = state.total_steps - epoch_end  # steps of the epochs after this one
-    eta_epoch = (epoch_end - state.global_step) * interval.step_time + r.val_seconds
+    in_epoch = min(steps - state.epoch_step, state.steps_left)
+    after_epoch = state.steps_left - in_epoch  # steps of the epochs after this one
+    eta_epoch = in_epoch * interval.step_time + r.val_seconds
     eta_run = eta_epoch + after_epoch * interval.step_time + math.ceil(after_epoch / steps) * r.val_seconds
     lr, extras = state.lr(), state.metrics()
     hint = r.data_hint.line(interval.data_wait, r.cfg["derived"]["workers"])

@@ -55,10 +55,12 @@ def stop_signals():
     return [s for s in STOP_SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
 
 
-def exit_code(action, run_dir=lambda: None):
+def exit_code(action, run_dir=lambda: None, ending=False):
     """Runs ``action()`` and returns the process's exit code, reporting any failure in one line.
     ``run_dir()``: where a bug's traceback goes (the temporary folder while it is None). A signal
-    that no training run handles (during start-up) ends it in one line with 128 + the signal's number."""
+    that no training run handles (during start-up) ends it in one line with 128 + the signal's number.
+    ``ending``: the process ends after this, so a late stop signal is ignored from here on (a second
+    SIGTERM must not turn a saved run's exit code into 143), not given back its default."""
     previous = {s: signal.signal(s, exit_at_once) for s in stop_signals()}
     try:
         action()
@@ -80,7 +82,7 @@ def exit_code(action, run_dir=lambda: None):
                       f"the app does not handle; traceback in {path})", EXIT_FAILURE)
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if ending else handler)
 
 
 # What torch.distributed's backends say when the process at the other end of a connection is gone.

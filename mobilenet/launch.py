@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, STOPPED, exit_code
+from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, STOP_SIGNALS, STOPPED, exit_code
 
 
 def main(argv=None):
@@ -60,25 +60,14 @@ def launch(torchrun, args, errors):
     try:
         torchrun.run(args)
     except SignalException as e:  # torchrun passed it on and waited for the workers to end
+        for stop in STOP_SIGNALS:  # a second one (Slurm and torchrun send two) must not cut the report
+            signal.signal(stop, signal.SIG_IGN)
         return signalled(e.sigval.name, outcomes(errors), args)
     except ChildFailedError as e:
         print(e, file=sys.stderr)
-        said = outcomes(errors)
-        killed = sorted(rank for rank, failure in e.failures.items() if failure.exitcode < 0 and rank not in said)
-        failed = [(code, line) for code, line in said.values() if code and "another process of the job" not in line]
-        if killed:  # ended by a signal without a word: the cause; the others stopped because it left
-            rank = killed[0]
-            code, line = EXIT_FAILURE, (f"error: rank {rank} was killed by {e.failures[rank].signal_name()}, "
-                                        f"and the job stopped with it; the checkpoints written before stay "
-                                        f"valid (resume with --resume auto)")
-        elif failed:  # the likely cause; the others failed because it left
-            code, line = failed[0]
-        elif said:
-            code, line = next(iter(said.values()))
-        else:
-            rank, failure = e.get_first_failure()
-            ended = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-            code, line = EXIT_FAILURE, f"error: rank {rank} ended with {ended} (see above); the job stopped"
+        ended = {rank: failure.signal_name() if failure.exitcode < 0 else failure.exitcode
+                 for rank, failure in e.failures.items()}
+        code, line = likely_cause(ended, outcomes(errors))
         print(line, file=sys.stderr, flush=True)
         return code
     except RendezvousError as e:
@@ -97,6 +86,33 @@ def launch(torchrun, args, errors):
     if several:
         print(f"{node}: the job ended", flush=True)
     return 0
+
+
+# The signals torchrun itself ends the other workers with once one has failed (SIGTERM, then SIGKILL
+# after its grace period): a worker killed so without a word may be a consequence, not the cause.
+LAUNCHER_SIGNALS = ("SIGTERM", "SIGKILL")
+
+
+def likely_cause(ended, said):
+    """(exit code, line) for the job's last line: what happened first, as far as the workers tell.
+    ``ended``: {rank: exit code, or the name of the signal that killed it}; ``said``: {rank: (code,
+    line)} of the workers that ended through train.py (outcomes). A worker's own failure comes
+    before a rank killed by SIGTERM or SIGKILL without a word, which torchrun does to the others
+    once one has failed (a hung rank, after the grace period); another signal (a crash, or a kill
+    with nothing said by anyone) is the cause, and the others' 'another process ended' lines are
+    its consequence."""
+    killed = sorted(rank for rank, how in ended.items() if isinstance(how, str) and rank not in said)
+    failed = [(code, line) for code, line in said.values() if code and "another process of the job" not in line]
+    if killed and not (failed and all(ended[rank] in LAUNCHER_SIGNALS for rank in killed)):
+        return EXIT_FAILURE, (f"error: rank {killed[0]} was killed by {ended[killed[0]]}, and the job stopped "
+                              f"with it; the checkpoints written before stay valid (resume with --resume auto)")
+    if failed:  # the likely cause; the others failed because it left
+        return failed[0]
+    if said:
+        return next(iter(said.values()))
+    rank = min(ended)
+    how = f"signal {ended[rank]}" if isinstance(ended[rank], str) else f"exit code {ended[rank]}"
+    return EXIT_FAILURE, f"error: rank {rank} ended with {how} (see above); the job stopped"
 
 
 def outcomes(errors):

@@ -143,6 +143,9 @@ class TrainingState:
                                          base_lr=cfg["derived"]["lr"], steps_per_epoch=steps_per_epoch,
                                          epochs=cfg["train"]["epochs"])
         self.epoch, self.epoch_step, self.best_top1 = 0, 0, 0.0
+        self.global_step = 0        # steps trained since the run began (counted: an epoch skipped on a
+                                    # resume, or a changed epoch length, does not renumber them)
+        self.awaiting_validation = False  # the last step ended an epoch (or the run) not yet validated
         self.resumed_at = None
         self.data = None  # {"train": data_record, "val": ...}: what the run trains on (set by its builder)
 
@@ -164,6 +167,8 @@ class TrainingState:
                 warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
                 self.scheduler.step()
         self.epoch_step += 1
+        self.global_step += 1
+        self.awaiting_validation = self.epoch_step == self.steps_per_epoch or self.finished
         return loss
 
     def train(self, freeze_bn=False):
@@ -231,19 +236,15 @@ class TrainingState:
 
     # The position.
     @property
-    def global_step(self):
-        return self.epoch * self.steps_per_epoch + self.epoch_step
-
-    @property
-    def total_steps(self):
-        """The steps the run trains: all epochs', or train.max_steps when that is fewer."""
+    def steps_left(self):
+        """Steps the run still trains: to the end of its epochs, or of train.max_steps when sooner."""
         train = self.cfg["train"]
-        every = train["epochs"] * self.steps_per_epoch
-        return min(every, train["max_steps"]) if train["max_steps"] else every
+        left = (train["epochs"] - self.epoch) * self.steps_per_epoch - self.epoch_step
+        return min(left, train["max_steps"] - self.global_step) if train["max_steps"] else left
 
     @property
     def finished(self):
-        return self.global_step >= self.total_steps
+        return self.steps_left <= 0
 
     @property
     def mid_epoch(self):
@@ -254,6 +255,7 @@ class TrainingState:
         """After an epoch's validation: the best top-1 kept and, when the epoch is whole, the next
         one begun (one that train.max_steps cut short stays where it is). Returns whether it is a
         new best."""
+        self.awaiting_validation = False
         if self.epoch_step == self.steps_per_epoch:
             self.epoch, self.epoch_step = self.epoch + 1, 0
         is_best = scored > 0 and top1 > self.best_top1
@@ -264,6 +266,7 @@ class TrainingState:
     def state_dict(self):
         step = self.train_step
         return {"arch": "mobilenet_v1", "epoch": self.epoch, "epoch_step": self.epoch_step,
+                "global_step": self.global_step, "validated": not self.awaiting_validation,
                 "best_prec1": self.best_top1, "rng": rng_states(self.device),
                 "state_dict": step.precision.weights(step.net),  # the fp32 masters under O2
                 "optimizer": plain_numbers(step.optimizer.state_dict()),
@@ -291,9 +294,14 @@ class TrainingState:
             step.ema.load_state_dict(checkpoint["ema"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
         self.epoch, self.epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
+        # written before these were recorded: counted as the position, and an epoch's last step
+        # not validated (a save after validation has begun the next epoch, or stopped short of it)
+        self.global_step = checkpoint.get("global_step", self.epoch * self.steps_per_epoch + self.epoch_step)
+        self.awaiting_validation = not checkpoint.get("validated", self.epoch_step < self.steps_per_epoch)
         self.best_top1 = float(checkpoint["best_prec1"])
         set_rng_states(checkpoint["rng"], self.device)
-        if self.epoch_step and self.cfg["train"]["resume_next_epoch"]:  # the rest of the epoch is skipped
+        if self.epoch_step and self.cfg["train"]["resume_next_epoch"] and not self.awaiting_validation:
+            # the rest of the epoch is skipped
             self.epoch, self.epoch_step = self.epoch + 1, 0
             self.scheduler.last_epoch = self.epoch * self.steps_per_epoch - 1
             self.scheduler.step()  # the LR of the next epoch's first step
@@ -437,9 +445,11 @@ FIELDS = [("epoch", "a whole number", whole), ("epoch_step", "a whole number", w
           ("best_prec1", "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
           ("optimizer", "an optimizer state dict", lambda v: isinstance(v, dict) and "param_groups" in v),
           ("scheduler", "a scheduler state dict", lambda v: isinstance(v, dict)),
-          ("rng", "the random generators' states", lambda v: isinstance(v, dict) and "torch" in v)]
-KNOWN_KEYS = {"arch", "epoch", "epoch_step", "best_prec1", "rng", "state_dict", "optimizer", "scheduler", "amp",
-              "ema", "data", "config"}
+          ("rng", "the random generators' states", lambda v: isinstance(v, dict) and "torch" in v),
+          ("global_step", "a whole number (or absent)", lambda v: v is None or whole(v)),
+          ("validated", "true or false (or absent)", lambda v: v is None or isinstance(v, bool))]
+KNOWN_KEYS = {"arch", "epoch", "epoch_step", "global_step", "validated", "best_prec1", "rng", "state_dict",
+              "optimizer", "scheduler", "amp", "ema", "data", "config"}
 
 
 def data_changes(was, now):

@@ -23,21 +23,32 @@ from pathlib import Path
 
 from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, STOPPED, report
 
-PUBLISH_EVERY_S = 2.0
-STORE_ANSWER_S = 5.0  # how long the stalled process waits for the store before it says so
+PUBLISH_EVERY_S = 2.0  # a rank says it is alive this often
+POLL_S = 0.1           # and publishes new progress within this
+STORE_ANSWER_S = 5.0   # how long the stalled process waits for the store before it says so
+PAUSE_S = 1.0          # the checking thread waking this late means the process was stopped, not stalled
 KEY = "mobilenet/progress/{}"
+VERDICT = "mobilenet/stalled/{}"  # what a rank that ended on a stall found: the others say the same
 
 
 class Watchdog:
     """``beat(step)`` after each unit of progress; ``phase`` names what the loop waits for
-    ("data" while training waits for a batch, "val-data" while validation does). Off when
-    ``timeout`` is 0; the clock starts at the first beat (so start-up and compiling steps, which
-    do not beat, are not timed)."""
+    ("data" while training waits for a batch, "val-data" while validation does, "save" while a
+    file is written). Off when ``timeout`` is 0; the clock starts at the first beat (so start-up
+    and compiling steps, which do not beat, are not timed).
+
+    A stopped process (SIGSTOP, Ctrl-Z, Slurm's suspend, a frozen container) is not a stalled one:
+    while it is stopped the checking thread sleeps too, and it wakes far past its time when the
+    process goes on; the clock then starts again. So does a rank that waits for a peer that makes
+    progress (an uneven validation). The threads never raise: whatever fails in them is said in the
+    line, or ignored where the run can go on without it."""
 
     def __init__(self, timeout, world, data_path, checkpoints):
         self.timeout, self.world = timeout, world
         self.data_path, self.checkpoints = data_path, checkpoints
         self.step, self.last, self.phase, self.phase_start = 0, None, None, time.monotonic()
+        self.clock_from = None  # monotonic time the stall clock starts again from (a pause, a peer's progress)
+        self.saving = None      # the file being written, during the phase "save"
         self.stopped = threading.Event()
 
     def __enter__(self):
@@ -87,6 +98,14 @@ class Watchdog:
         finally:
             self.phase = None
 
+    @contextlib.contextmanager
+    def writing(self, path):
+        """The block writes ``path`` (phase 'save'); its end is progress."""
+        self.saving = path
+        with self.waiting("save"):
+            yield
+        self.beat()
+
     def phase_seconds(self):
         return time.monotonic() - self.phase_start
 
@@ -96,56 +115,101 @@ class Watchdog:
         self.last = time.monotonic()
 
     def publish(self):
-        """Every PUBLISH_EVERY_S from the first beat on (that one at once: a fast run can stop
-        within seconds): this rank's step, when it made it, that it is alive, and its phase."""
-        store, published = default_store(), False
-        while store is not None and not self.stopped.wait(PUBLISH_EVERY_S if published else 0.1):
-            if self.last is not None:
-                published = True
-                now = time.time()
-                progress_at = now - (time.monotonic() - self.last)
-                try:
-                    store.set(KEY.format(self.world.rank), f"{self.step} {progress_at} {now} {self.phase or '-'}")
-                except Exception:  # noqa: BLE001  a store that fails once must not end the reports
-                    pass
+        """From the first beat on: this rank's progress within POLL_S of a beat (the first at once:
+        a fast run can stop within seconds), and that it is alive every PUBLISH_EVERY_S."""
+        store, published, said = default_store(), None, 0.0
+        while store is not None and not self.stopped.wait(POLL_S):
+            last = self.last
+            if last is None or (last == published and time.monotonic() - said < PUBLISH_EVERY_S):
+                continue
+            now = time.time()
+            progress_at = now - (time.monotonic() - last)
+            try:
+                store.set(KEY.format(self.world.rank), f"{self.step} {progress_at} {now} {self.phase or '-'}")
+                published, said = last, time.monotonic()
+            except Exception:  # noqa: BLE001  a store that fails once must not end the reports
+                pass
 
     def check(self):
-        while not self.stopped.wait(min(1.0, self.timeout / 10)):
-            if self.last is not None and time.monotonic() - self.last > self.timeout:
+        interval = min(1.0, self.timeout / 10)
+        woke = time.monotonic()
+        while not self.stopped.wait(interval):
+            now = time.monotonic()
+            if now - woke > interval + PAUSE_S:  # this thread was stopped with the process
+                self.clock_from = now
+            woke = now
+            if self.stalled(now):
                 self.fire()
 
+    def stalled(self, now):
+        if self.last is None:
+            return False
+        return now - max(self.last, self.clock_from or self.last) > self.timeout
+
     def fire(self):
-        waited = time.monotonic() - self.last
+        """Ends the process with the line that says what it waits for, unless that is a peer that
+        makes progress (then the clock starts again)."""
+        try:
+            cause = self.cause()
+        except Exception as e:  # noqa: BLE001  never a thread's traceback; the line still goes out
+            cause = f"what it waits for could not be told ({type(e).__name__}: {e})"
+        if cause is None:
+            self.clock_from = time.monotonic()
+            return
+        if self.world.size > 1:  # the ranks that fire after it say the same, not that it is gone
+            with_store(lambda store: store.set(VERDICT.format(self.world.rank), cause))
+        waited = time.monotonic() - max(self.last, self.clock_from or self.last)
         line = (f"error: rank {self.world.rank} made no progress for {waited:.0f} s "
-                f"(train.stall_timeout {self.timeout:g}) after step {self.step}: {self.cause()}; the job "
+                f"(train.stall_timeout {self.timeout:g}) after step {self.step}: {cause}; the job "
                 f"stops, the checkpoints in {self.checkpoints} stay valid (resume with --resume auto)")
         end_process(line, EXIT_FAILURE)
 
     def cause(self):
-        """What this process waits for, as far as it can tell."""
+        """What this process waits for, as far as it can tell; None when that is a peer that makes
+        progress (this rank is not stalled, it waits for a slower one)."""
+        if self.phase == "save":
+            return (f"it is writing {self.saving} and the write does not return (a hung or very slow "
+                    f"file system?)")
         if self.phase in ("data", "val-data"):
             return "it waits for a batch from the data loader; " + describe_workers(self.data_path)
         if self.world.size == 1:
             return "the training step itself does not return (the device, or a hung collective)"
-        before = read_progress(self.world.size)
-        time.sleep(2.5 * PUBLISH_EVERY_S)  # a live rank says so again meanwhile; a stopped one cannot
-        progress = read_progress(self.world.size) if before is not None else None
-        if progress is None:
+        verdict = read_verdict(self.world.size)
+        if verdict:
+            return f"{verdict[1]} (as rank {verdict[0]} found, which ended first)"
+        before, before_at = read_progress(self.world.size), time.time()
+        if before is None:
             return (f"the job's store does not answer within {STORE_ANSWER_S:g} s, so rank 0 (or the "
                     f"launcher that hosts it) is stopped or gone")
+        time.sleep(2.5 * PUBLISH_EVERY_S)  # a live rank says so again meanwhile; a stopped one cannot
+        after, verdict = read_progress(self.world.size), read_verdict(self.world.size)
+        if verdict:  # another rank waited as long and ended meanwhile: not a culprit
+            return f"{verdict[1]} (as rank {verdict[0]} found, which ended first)"
         now, others = time.time(), [rank for rank in range(self.world.size) if rank != self.world.rank]
-        silent = [rank for rank in others if rank not in progress or progress[rank][2] == before[rank][2]]
-        if silent:
-            return "; ".join(f"rank {rank} " + (f"stopped making steps at step {progress[rank][0]} and has not "
-                                                f"answered for {now - progress[rank][2]:.0f} s (stopped or gone)"
+        progress = after if after is not None else before  # the store's host ended meanwhile (its own stall)
+
+        def silent(rank):  # two reports tell without comparing clocks (nodes' clocks differ)
+            if rank not in progress:
+                return True
+            if after is not None and rank in before:
+                return progress[rank][2] == before[rank][2]
+            return before_at - progress[rank][2] > 2.5 * PUBLISH_EVERY_S  # as it stood at the first read
+        stopped = [rank for rank in others if silent(rank)]
+        # a live peer whose last progress is recent by its own clock: the job goes on, this rank waits for it
+        if any(progress[rank][2] - progress[rank][1] < self.timeout for rank in others if rank not in stopped):
+            return None
+        if stopped:  # the ranks keep in step (a collective every step): it stopped within one of this one's
+            return "; ".join(f"rank {rank} " + (f"has not answered for {now - progress[rank][2]:.0f} s (stopped or "
+                                                f"gone) at step {self.step} or the one before (its last report: "
+                                                f"step {progress[rank][0]})"
                                                 if rank in progress else
                                                 "has reported no progress (stopped or gone before its first report)")
-                             for rank in silent) + "; this rank waits for it"
+                             for rank in stopped) + "; the others wait for it"
         waiting_for_data = [rank for rank in others if progress[rank][3] in ("data", "val-data")]
         if waiting_for_data:
-            return (f"rank(s) {', '.join(map(str, waiting_for_data))} wait for their data loader (a loader "
-                    f"worker is stuck there); this rank waits for them")
-        return "every rank is alive and waits (a hung collective?)"
+            return (f"rank(s) {', '.join(map(str, waiting_for_data))} make no progress and wait for their "
+                    f"data loader (a loader worker is stuck there); the others wait for them")
+        return "every rank is alive and makes no progress (a hung collective?)"
 
 
 def default_store():
@@ -155,23 +219,45 @@ def default_store():
     return dist.distributed_c10d._get_default_store()
 
 
+def with_store(action):
+    """``action(store)``'s result, or None when there is no store or it does not answer within
+    STORE_ANSWER_S (run in a thread of its own: a stopped host would block it for good)."""
+    store, box = default_store(), []
+
+    def call():
+        try:
+            box.append(action(store))
+        except Exception:  # noqa: BLE001  a store torn down or gone: no answer
+            pass
+    if store is None:
+        return None
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(STORE_ANSWER_S)
+    return box[0] if box else None
+
+
 def read_progress(size):
     """{rank: (step, when it was made, when the rank last said it is alive, its phase)} that the ranks
-    published (unix times), or None if the store does not answer
-    in STORE_ANSWER_S (read in a thread of its own: a stopped host would block it for good)."""
-    store, found = default_store(), {}
-
-    def read():
+    published (unix times), or None if the store does not answer."""
+    def read(store):
+        found = {}
         for rank in range(size):
-            key = KEY.format(rank)
-            if store.check([key]):
-                step, progress_at, alive_at, phase = store.get(key).decode().split()
+            if store.check([KEY.format(rank)]):
+                step, progress_at, alive_at, phase = store.get(KEY.format(rank)).decode().split()
                 found[rank] = (int(step), float(progress_at), float(alive_at), phase)
-        found["done"] = True
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(STORE_ANSWER_S)
-    return {k: v for k, v in found.items() if k != "done"} if "done" in found else None
+        return found
+    return with_store(read)
+
+
+def read_verdict(size):
+    """(rank, what it found) of a rank that ended on this stall already, or None."""
+    def read(store):
+        for rank in range(size):
+            if store.check([VERDICT.format(rank)]):
+                return rank, store.get(VERDICT.format(rank)).decode()
+        return None
+    return with_store(read)
 
 
 def describe_workers(data_path):

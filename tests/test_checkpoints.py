@@ -1,11 +1,13 @@
 """Checkpoints and the run directory: independent files, newest-valid resume, finished runs, the
 lock, interrupted saves, a full disk, and resumes that cannot continue."""
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -260,12 +262,48 @@ def test_resume_with_another_batch_says_what_changes_or_refuses_mid_epoch(two_ep
     assert len(error) == 1 and "stopped mid-epoch (step 2) with 1 process(es) x data.batch_size 32" in error[0]
 
 
-def test_a_damaged_summary_does_not_stop_resume_auto_of_a_finished_run(two_epochs, digits, capsys):
-    (two_epochs / "summary.json").write_text('{"top1": 9')  # cut short, as by a crash mid-write
+@pytest.mark.parametrize("damage", ["missing", "cut short"])
+def test_a_finished_run_without_its_summary_writes_it_again_on_resume(two_epochs, digits, capsys, damage):
+    """Every ending that exits 0 leaves what a finished run leaves: a summary.json lost to a crash
+    while it was written is written again from a validation of the final checkpoint."""
+    summary = two_epochs / "summary.json"
+    before = json.loads(summary.read_text())
+    summary.unlink() if damage == "missing" else summary.write_text('{"top1": 9')
     capsys.readouterr()
     assert run(digits, two_epochs, "--epochs", "2", "train.keep_checkpoints=2", "--resume", "auto") == 0
     out = capsys.readouterr().out
-    assert "summary.json is unreadable (JSONDecodeError)" in out and "is complete" in out
+    assert "summary.json is missing or unreadable: the final checkpoint is validated again" in out
+    assert " * Prec@1" in out and "is complete: 2 of 2 epochs" in out
+    after = json.loads(summary.read_text())
+    assert (after["top1"], after["epochs"], after["global_step"]) == (before["top1"], 2, before["global_step"])
+
+
+def test_a_crash_in_the_last_validation_is_validated_on_resume(tmp_path, digits):
+    """A save of the last step (train.checkpoint_every_minutes), then kill -9 during the final
+    validation: the resume validates the trained epoch and writes what a finished run leaves."""
+    out = tmp_path / "run"
+    args = [sys.executable, "train.py", *BASE, "--data", str(digits), "--output", str(out), "--epochs", "1",
+            "train.log_every=1", "train.checkpoint_every_minutes=0.00001", "data.val_batch_size=1"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("Epoch: [0][4/4]"):  # the save of that step follows the line
+            break
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(Exception):  # not there yet, or being replaced
+            if load_checkpoint(out / "checkpoints" / "last.pt")["epoch_step"] == 4:
+                proc.kill()
+                break
+    proc.communicate(timeout=60)
+    saved = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert (saved["epoch"], saved["epoch_step"], saved["validated"]) == (0, 4, False)
+    assert not (out / "summary.json").exists() and not (out / "checkpoints" / "best.pt").exists()
+    resumed = subprocess.run([*args, "--resume", "auto"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert " * Prec@1" in resumed.stdout and "Epoch:" not in resumed.stdout  # validated, nothing trained again
+    assert json.loads((out / "summary.json").read_text())["epochs"] == 1
+    assert (out / "checkpoints" / "best.pt").exists()
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 1
 
 
 def test_a_run_is_not_trained_over_unless_asked(two_epochs, digits, capsys):
@@ -309,6 +347,24 @@ def test_data_that_changed_under_a_mid_epoch_stop_is_refused_or_said(tmp_path, d
     assert "train.resume_next_epoch: the rest of epoch 1 (from step 2) is skipped; training goes on at epoch 2" in said
     state = load_checkpoint(out / "checkpoints" / "last.pt")
     assert (state["epoch"], state["epoch_step"]) == (3, 0) and state["data"]["train"]["images"] == kept
+
+
+def test_records_keep_their_global_steps_when_the_epoch_shrinks(tmp_path, digits):
+    """Global steps are counted, not derived from the epoch length: after the train set shrinks and
+    train.resume_next_epoch goes on, the interrupted epoch's records stay and no step number is reused."""
+    data, out = copy_of(digits, tmp_path), tmp_path / "run"
+    shrink = ["data.batch_size=128", "train.max_steps_per_epoch=0"]  # 11 steps an epoch, then 5
+    assert run(data, out, "--epochs", "3", "train.max_steps=20", *shrink) == 0  # epoch 1, step 9
+    for folder in (data / "train").iterdir():
+        for path in sorted(folder.iterdir())[::2]:
+            path.unlink()
+    assert run(data, out, "--epochs", "3", "--resume", "auto", "train.resume_next_epoch=true", *shrink) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for kind in ("train", "val"):
+        steps = [r["global_step"] for r in records if r["kind"] == kind]
+        assert steps == sorted(set(steps)), (kind, steps)  # none lost, none reused
+    assert [r["global_step"] for r in records if r["kind"] == "val"] == [11, 20, 25]
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["global_step"] == 25
 
 
 def test_a_checkpoint_without_a_data_record_resumes_with_a_note(tmp_path, digits, capsys):

@@ -1,7 +1,9 @@
+import contextlib
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -238,6 +240,43 @@ def test_workers_auto_shares_the_usable_cores_among_the_node_processes(tmp_path,
     assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *NO_WORKERS, "--epochs", "1", "train.max_steps=2"]) == 0
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["data"]["workers"] == "auto" and saved["derived"]["workers"] == max(0, usable_cores() - 1)
+
+
+def cgroup_with_quota(cpus):
+    """A cgroup of its own whose CPU quota is ``cpus`` (v1's cpu controller, or v2's), made here;
+    its cgroup.procs file (write a pid to move a process in), or None where this machine lets no
+    process make one."""
+    name = f"mobilenet-test-{os.getpid()}"
+    for folder, limit in ((Path("/sys/fs/cgroup/cpu") / name, {"cpu.cfs_quota_us": f"{int(cpus * 100000)}"}),
+                          (Path("/sys/fs/cgroup") / name, {"cpu.max": f"{int(cpus * 100000)} 100000"})):
+        try:
+            folder.mkdir(exist_ok=True)
+            for file, value in limit.items():
+                (folder / file).write_text(value)
+            return folder / "cgroup.procs"
+        except OSError:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
+
+
+def test_workers_auto_sees_a_cpu_quota(tmp_path):
+    """A container limited to 1 CPU (docker --cpus 1) on a host of more cores: one core is usable,
+    so no loader worker (the process itself feeds the device)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: a quota of one changes nothing here")
+    procs = cgroup_with_quota(1)
+    if procs is None:
+        pytest.skip("this machine lets no process make a cgroup with a CPU quota")
+    try:
+        script = ("from mobilenet.config import build_config, resolve; "
+                  "print(resolve(build_config(None, ['device=cpu', 'data.path=/imagenet']))['derived']['workers'])")
+        result = subprocess.run(["sh", "-c", f'echo $$ > {procs} && exec "$0" -c "$1"', sys.executable, script],
+                                cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split() == ["0"]
+    finally:
+        procs.parent.rmdir()
 
 
 def test_compile_auto_compiles_where_it_pays_and_says_why():

@@ -4,7 +4,10 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import struct
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -12,7 +15,8 @@ import torch
 from PIL import Image
 
 import train
-from conftest import TINY
+from conftest import ROOT, TINY
+from mobilenet.checkpoint import load_checkpoint
 from mobilenet.data import ImageFolderRGB, val_transform
 
 
@@ -172,3 +176,49 @@ def test_a_data_path_the_system_refuses_is_one_line(tmp_path):
     assert result.returncode == 2 and result.stderr.strip().endswith("File name too long"), result.stderr
     assert result.stderr.strip().startswith("error: --data /tmp/xxx") and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run" / "traceback-rank0.txt").exists()
+
+
+def test_names_that_are_not_utf8_train_and_resume(tmp_path, digits):
+    """Names are bytes on Linux: a data folder, a class folder and a file whose names are not valid
+    UTF-8 train, print (also to a terminal that takes UTF-8 only) and resume mid-epoch; a file moved
+    to another class under the same name (the image count kept) is other data to the resume."""
+    root = os.fsencode(tmp_path) + b"/d\xe9"
+    shutil.copytree(digits, os.fsdecode(root))
+    for split in (b"train", b"val"):
+        os.rename(root + b"/" + split + b"/7", root + b"/" + split + b"/sev\xe9n")
+    first = sorted(os.listdir(root + b"/train/3"))[0]
+    os.rename(root + b"/train/3/" + first, root + b"/train/3/\xff\xfe.jpg")
+    out = tmp_path / "run"
+
+    def train_py(*extra):
+        return subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml", *TINY, "--data",
+                               os.fsdecode(root), "--output", str(out), "--epochs", "1",
+                               "train.max_steps_per_epoch=6", *extra], cwd=ROOT, capture_output=True,
+                              env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"}, timeout=120)
+    stopped = train_py("train.max_steps=3")
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    assert os.fsencode(os.fsdecode(root)) in stopped.stdout  # the name's own bytes
+    os.rename(root + b"/train/3/\xff\xfe.jpg", root + b"/train/5/\xff\xfe.jpg")
+    moved = train_py("--resume", "auto")
+    assert moved.returncode == 2 and b"on other data (train: the same 1437 images, other files or labels)" in moved.stderr
+    os.rename(root + b"/train/5/\xff\xfe.jpg", root + b"/train/3/\xff\xfe.jpg")
+    resumed = train_py("--resume", "auto")
+    assert resumed.returncode == 0 and b"data changed" not in resumed.stdout, resumed.stderr[-2000:]
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 1
+
+
+def test_a_class_whose_files_are_all_unreadable_is_said_once_per_class(tmp_path, digits, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(digits, data)
+    for folder in (data / "train" / "5", data / "val" / "6"):
+        for path in folder.iterdir():
+            path.write_bytes(b"not an image")
+    capsys.readouterr()
+    assert train.main(["--config", "configs/demo.yaml", *TINY, "--data", str(data), "--output", str(tmp_path / "run"),
+                       "--epochs", "2"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: class")]
+    trained_files, val_files = len(list((data / "train" / "5").iterdir())), len(list((data / "val" / "6").iterdir()))
+    assert said == [f"warning: class '5' (train): none of its {trained_files} files could be read, so no image of it "
+                    f"is trained on; fix its files or remove the class folder from train/ and val/",
+                    f"warning: class '6' (val): none of its {val_files} files could be read, so it is left out of "
+                    f"the accuracy; fix its files or remove the class folder from train/ and val/"]

@@ -1,12 +1,15 @@
 """The commands users already type: the seed article's, pytorch/examples' main.py flags, Ascend
 ModelZoo's main.py flags and its test scripts."""
+import datetime
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from conftest import ROOT, assert_same_weights, free_port, run_train, train_sh
@@ -199,6 +202,39 @@ def test_their_performance_command_lines_run(tmp_path, digits, monkeypatch):
     assert_same_weights(tmp_path / "8p", tmp_path / "nproc")
     config = yaml.safe_load((tmp_path / "8p" / "config.yaml").read_text())
     assert config["derived"]["world_size"] == 2 and config["data"]["batch_size"] == 32
+
+
+def test_a_distributed_rank_says_whom_it_waits_for_and_a_taken_port_is_one_line(digits):
+    with socket.socket() as taken:  # two jobs on their fixed port: the second finds it in use
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "train.py", "--data", str(digits), "--distributed", "device=cpu"],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "RANK_SIZE": "2", "RANK_ID": "0", "MASTER_PORT": str(port)})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"rank 0 of 2: waiting up to 1860 s for the job's 2 processes at 127.0.0.1:{port}" in result.stdout
+    assert result.stderr.strip().splitlines() == [f"error: MASTER_PORT {port}: the port is in use at 127.0.0.1:{port} "
+                                                  f"(another job, or this job started twice?); give every process "
+                                                  f"of this job one free MASTER_PORT"]
+
+
+def test_a_meeting_that_fails_is_one_line_naming_whom_it_waited_for():
+    """The errors torch's own store raises when a process of the job never comes (here with a
+    1 s wait, as a job's 1,860 s would end), turned into the line the user reads."""
+    from mobilenet.distributed import World, meeting_failure
+    world, where = World(rank=0, size=2), f"127.0.0.1:{free_port()}"
+    wait = datetime.timedelta(seconds=1)
+    with pytest.raises(torch.distributed.DistError) as alone:  # rank 0 while rank 1 never starts
+        torch.distributed.TCPStore("127.0.0.1", int(where.split(":")[1]), 2, True, timeout=wait)
+    assert str(meeting_failure(alone.value, world, where, 1)) == (
+        f"rank 0 waited 1 s at {where}, and 1 of the job's 2 processes arrived; start every one (RANK_ID 0..1 on "
+        f"each node) with the same MASTER_ADDR and MASTER_PORT")
+    with pytest.raises(torch.distributed.DistError) as lost:  # rank 1 while rank 0 never starts
+        torch.distributed.TCPStore("127.0.0.1", int(where.split(":")[1]), 2, False, timeout=wait)
+    assert str(meeting_failure(lost.value, World(rank=1, size=2), where, 1)) == (
+        f"rank 1 could not reach rank 0 at {where} within 1 s: rank 0 is not running there, or MASTER_ADDR and "
+        f"MASTER_PORT differ between the processes")
 
 
 @pytest.mark.parametrize("argv,fragments", [

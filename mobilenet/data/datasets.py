@@ -1,6 +1,7 @@
 """Datasets (ImageFolder of files, synthetic images, the digits demo) and their loaders."""
 import contextlib
 import hashlib
+import math
 import multiprocessing
 import os
 import signal
@@ -186,8 +187,8 @@ def data_record(dataset):
     if isinstance(dataset, SyntheticImages):
         digest.update(f"synthetic {dataset.size} {tuple(dataset.images.shape)} {dataset.num_classes}".encode())
     else:
-        for path, label in dataset.samples:
-            digest.update(f"{os.path.relpath(path, dataset.root)}\t{label}\n".encode())
+        for path, label in dataset.samples:  # names are bytes on Linux, not always UTF-8
+            digest.update(os.fsencode(os.path.relpath(path, dataset.root)) + f"\t{label}\n".encode())
     return {"images": len(dataset), "fingerprint": digest.hexdigest()}
 
 
@@ -287,8 +288,48 @@ SYNTHETIC_WORKERS = 4  # random images are only collated; more workers only add 
 
 
 def usable_cores():
-    """The cores this process may run on (its affinity: taskset, cgroups, Slurm), not the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process may use, not the machine's: its affinity (taskset, cpusets, Slurm) and
+    its cgroup's CPU quota (Docker --cpus, a Kubernetes limit), rounded up."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+def cpu_quota():
+    """The CPUs this process's cgroup (and its parents) may use, as a number such as 2.5, or None
+    without a quota; cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us / cpu.cfs_period_us)."""
+    try:
+        memberships = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
+        mounts = [line.split(" - ") for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    except OSError:
+        return None
+    limits = []
+    for before, after in (m for m in mounts if len(m) == 2):
+        fields, (fstype, _, options) = before.split(), after.split()[:3]
+        root, mount_point = fields[3], fields[4]
+        for _, controllers, path in memberships:
+            if fstype == "cgroup2" and controllers == "":
+                files = ("cpu.max",)
+            elif fstype == "cgroup" and "cpu" in controllers.split(",") and "cpu" in options.split(","):
+                files = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+            else:
+                continue
+            folder = Path(mount_point) / os.path.relpath(path, root)
+            while folder.is_relative_to(mount_point):  # this cgroup and the ones above it
+                limits.append(quota_in(folder, files))
+                folder = folder.parent
+    limits = [limit for limit in limits if limit]
+    return min(limits) if limits else None
+
+
+def quota_in(folder, files):
+    """CPUs of the quota that ``files`` in a cgroup ``folder`` set, or None (none, or unreadable)."""
+    try:
+        values = " ".join((folder / name).read_text().strip() for name in files).split()
+        quota, period = int(values[0]), int(values[1])  # cpu.max: 'max 100000' when there is none
+    except (OSError, ValueError, IndexError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def auto_workers(path, processes, cores=None):
