@@ -39,6 +39,11 @@ def stop_the_loader_worker(proc):
     return workers[0]
 
 
+def started(pid):
+    """When process ``pid`` started (clock ticks since boot)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
 def gone(pid, timeout=10):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -194,22 +199,19 @@ def test_a_stopped_rank_is_named_by_the_others(tmp_path, digits):
 def test_a_slow_but_healthy_rank_in_validation_is_waited_for(tmp_path, digits):
     """Rank 1's validation crawls (its loader workers stopped for 1 s at a time, for longer than
     train.stall_timeout in all) while rank 0 waits for it: rank 1 makes progress, so the job goes on."""
-    ranks = start_modelzoo_ranks(tmp_path / "run", digits, "train.stall_timeout=3", "data.workers=1", "--epochs", "1",
+    ranks = start_modelzoo_ranks(tmp_path / "run", digits, "train.stall_timeout=3", "data.workers=1", "--epochs", "2",
                                  "train.max_steps_per_epoch=6", "data.val_batch_size=1")
     try:
-        wait_for_steps(ranks[0], "Epoch: [0][6/6]")
-
-        def workers(sig):  # the validation loader's worker starts with the validation
-            for pid in process_tree(ranks[1].pid)[1:]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-        deadline = time.monotonic() + 8
+        wait_for_steps(ranks[0], "Epoch: [1][1/6]")  # the validation loader's worker exists from epoch 0 on
+        val_worker = max(process_tree(ranks[1].pid)[1:], key=started)  # started after the training one's
+        os.kill(val_worker, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
         while time.monotonic() < deadline and ranks[1].poll() is None:
-            workers(signal.SIGCONT)
-            time.sleep(0.02)
-            workers(signal.SIGSTOP)
             time.sleep(1)
-        workers(signal.SIGCONT)
+            os.kill(val_worker, signal.SIGCONT)
+            time.sleep(0.02)
+            os.kill(val_worker, signal.SIGSTOP)
+        os.kill(val_worker, signal.SIGCONT)
         outputs = [proc.communicate(timeout=60) for proc in ranks]
     finally:
         for proc in ranks:
