@@ -20,13 +20,14 @@ def amp_cfg(level, dtype="float16", loss_scale="dynamic"):
 
 
 def o2_setup(impl, dtype="float16", loss_scale="dynamic"):
-    """(model, precision, optimizer) of a TrainStep at O2; impl standard runs the loop."""
+    """(model, precision, optimizer) of a TrainStep at O2; impl standard runs the loop. With
+    momentum: its buffers exist from the first step on, and torch_fused then skips on the device."""
     torch.manual_seed(0)
     model = MobileNetV1(0.25, 10)
     implementation = "torch_fused" if impl == "fused" else "loop"
     precision = build_precision(amp_cfg("O2", dtype, loss_scale), backend="native", device=CPU,
                                 net=model, skip_on_device=implementation == "torch_fused")
-    optimizer = build_optimizer(precision.params(model), implementation=implementation, lr=0.1)
+    optimizer = build_optimizer(precision.params(model), implementation=implementation, lr=0.1, momentum=0.9)
     return model, precision, optimizer
 
 
@@ -67,17 +68,17 @@ def test_o2_buffers_keep_each_tensors_layout_and_values():
         assert torch.equal(master, weight) and torch.equal(param, weight.to(param.dtype))
 
 
-def step(model, precision, optimizer, inject_inf=False):
+def step(model, precision, optimizer, inject_inf=False, phase=None):
     """One TrainStep call on the model's device; ``inject_inf`` puts an inf into a grad between
-    backward and unscale."""
+    backward and unscale; ``phase``: a phase hook of the test's own."""
     train_step = TrainStep(net=model, wrapped=model, optimizer=optimizer, precision=precision,
                            criterion=torch.nn.CrossEntropyLoss(), implementation="loop")
 
-    def phase(name):
+    def inject(name):
         if inject_inf and name == "unscale":
             model.fc.weight.grad[0, 0] = float("inf")
         return contextlib.nullcontext()
-    train_step.phase = phase
+    train_step.phase = phase or inject
     data, device = torch.Generator().manual_seed(2), model.fc.weight.device
     images = torch.randn(8, 3, 32, 32, generator=data).to(device, precision.input_dtype)
     labels = torch.randint(0, 10, (8,), generator=data).to(device)
@@ -87,13 +88,16 @@ def step(model, precision, optimizer, inject_inf=False):
 @pytest.mark.parametrize("impl", ["standard", "fused"])
 def test_injected_inf_skips_exactly_one_step_and_halves_the_scale(impl):
     model, precision, optimizer = o2_setup(impl)
-    step(model, precision, optimizer)  # may overflow at the initial scale 2**16 too
+    while not optimizer.state:  # the first steps may overflow at the initial scale 2**16
+        step(model, precision, optimizer)
     scale, skipped = precision.scaler.scale.item(), precision.scaler.skipped.item()
     masters = [m.detach().clone() for m in precision.masters.params]
     weights = {k: v.detach().clone() for k, v in model.named_parameters()}
-    step(model, precision, optimizer, inject_inf=True)
+    momentum = [optimizer.state[m]["momentum_buffer"].clone() for m in precision.masters.params]
+    step(model, precision, optimizer, inject_inf=True)  # fused: skipped inside the kernel (found_inf)
     assert all(torch.equal(a, b) for a, b in zip(masters, precision.masters.params))
     assert all(torch.equal(v, p) for v, p in zip(weights.values(), model.parameters()))
+    assert all(torch.equal(a, optimizer.state[m]["momentum_buffer"]) for a, m in zip(momentum, precision.masters.params))
     assert precision.scaler.scale.item() == scale / 2
     assert precision.scaler.skipped.item() == skipped + 1
     for _ in range(3):  # 2**13 at most: clean steps update the masters again
@@ -116,6 +120,27 @@ def test_overflow_at_the_first_step_leaves_fused_momentum_clean():
     for a, b in zip(*runs):
         assert torch.isfinite(b).all()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_o2_masters_take_every_grad_group_and_all_move():
+    """What the optimizer reads at O2 is every model grad, unscaled: the half group and BatchNorm's
+    fp32 group alike (a copy of one group only would leave the other's masters still)."""
+    model, precision, optimizer = o2_setup("standard", loss_scale=128)
+    seen = {}
+
+    def phase(name):
+        if name == "optimizer":  # after unscale, before the step: what the step will read
+            seen["model"] = [p.grad.float() / 128 for p in model.parameters()]
+            seen["masters"] = [m.grad.clone() for m in precision.masters.params]
+        return contextlib.nullcontext()
+    before = [m.detach().clone() for m in precision.masters.params]
+    step(model, precision, optimizer, phase=phase)
+    names = [name for name, _ in model.named_parameters()]
+    assert {p.dtype for p in model.parameters()} == {torch.float16, torch.float32}  # two groups
+    for name, master_grad, model_grad in zip(names, seen["masters"], seen["model"]):
+        assert torch.equal(master_grad, model_grad), name
+    for name, was, master in zip(names, before, precision.masters.params):
+        assert not torch.equal(was, master), f"{name} did not move"
 
 
 def test_static_scale_stays_after_an_overflow():

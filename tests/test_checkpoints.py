@@ -200,7 +200,7 @@ echo "exit $?"
 
 FILLS_MID_RUN = """
 {python} {train} {args} --output {mount}/run > {logs}/log 2>{logs}/err &
-until grep -qs "Epoch: \\[0\\]\\[2/" {logs}/log; do sleep 0.05; done
+until grep -qs "Epoch: \\[{epoch}\\]\\[2/" {logs}/log; do sleep 0.05; done
 dd if=/dev/zero of={mount}/filler bs=4k 2>/dev/null
 wait $!
 echo "exit $?"
@@ -208,26 +208,26 @@ cat {logs}/err >&2
 """
 
 
-@pytest.mark.parametrize("when", ["at start", "mid-run"])
+@pytest.mark.parametrize("when", ["at start", "before any save", "after a save"])
 def test_a_full_disk_before_or_between_saves_is_one_line(tmp_path, digits, when):
     """Already full when the run starts (the run lock): a usage error, exit 2. Filled while it
-    trains (the next metrics.jsonl line): exit 1, one line, the checkpoints intact. No traceback."""
+    trains (the next metrics.jsonl lines; its last page's room holds a few more), in the first epoch
+    or after its save: exit 1, one line that says which, the checkpoints intact. No traceback."""
     args = " ".join([*BASE, "--data", str(digits), "train.log_every=1", "data.batch_size=4", "train.max_steps_per_epoch=0",
                      "--epochs", "2"])
     mount, result = in_small_tmpfs(tmp_path, 4 << 20, FULL_AT_START if when == "at start" else FILLS_MID_RUN,
-                                   args=args, logs=tmp_path)
+                                   args=args, logs=tmp_path, epoch=0 if when == "before any save" else 1)
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert "Traceback" not in result.stderr and len(errors) == 1, result.stdout[-2000:] + result.stderr[-3000:]
     if when == "at start":
         assert "exit 2" in result.stdout
         assert errors[0] == (f"error: --output {mount}/run: cannot write there (No space left on device); "
                              f"free some space or pass another --output")
-    else:
-        assert "exit 1" in result.stdout
-        start = f"error: {mount}/run/metrics.jsonl: cannot write the metrics (No space left on device); stopped, "
-        assert errors[0] in (start + "the checkpoints saved before are intact; free some space and resume with "
-                             "--resume auto", start + "no checkpoint had been saved yet; free some space and "
-                             "resume with --resume auto"), errors[0]
+        return
+    saved = "no checkpoint had been saved yet" if when == "before any save" else "the checkpoints saved before are intact"
+    assert "exit 1" in result.stdout
+    assert errors[0] == (f"error: {mount}/run/metrics.jsonl: cannot write the metrics (No space left on device); "
+                         f"stopped, {saved}; free some space and resume with --resume auto"), errors[0]
 
 
 def test_resume_auto_picks_by_position_and_skips_weights_files(two_epochs, digits, capsys):
