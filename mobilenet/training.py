@@ -158,18 +158,21 @@ class TrainingState:
     def train_on(self, images, labels):
         """One training step and the schedule's; returns the loss (on the device)."""
         loss = self.train_step(images, labels)
-        if self.global_step:
-            self.scheduler.step()
-        else:  # torch checks the order at the schedule's first step only
-            with warnings.catch_warnings():
-                # A step the loss scaler skipped made no optimizer.step(), on purpose: the LR follows
-                # the step count. torch warns about that order; here it is no mistake.
-                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
-                self.scheduler.step()
+        self.step_schedule()
         self.epoch_step += 1
         self.global_step += 1
         self.awaiting_validation = self.epoch_step == self.steps_per_epoch or self.finished
         return loss
+
+    def step_schedule(self, at=None):
+        """The LR schedule's step; ``at``: to the LR of that position's step instead (a resume)."""
+        if at is not None:
+            self.scheduler.last_epoch = at - 1
+        with warnings.catch_warnings():  # torch checks the order at a schedule's first step only
+            # A step the loss scaler skipped (or a resume's repositioning) made no optimizer.step(),
+            # on purpose: the LR follows the step count. torch warns about that order; here it is no mistake.
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+            self.scheduler.step()
 
     def train(self, freeze_bn=False):
         self.train_step.train(freeze_bn)
@@ -303,9 +306,32 @@ class TrainingState:
         if self.epoch_step and self.cfg["train"]["resume_next_epoch"] and not self.awaiting_validation:
             # the rest of the epoch is skipped
             self.epoch, self.epoch_step = self.epoch + 1, 0
-            self.scheduler.last_epoch = self.epoch * self.steps_per_epoch - 1
-            self.scheduler.step()  # the LR of the next epoch's first step
+            self.step_schedule(at=self.epoch * self.steps_per_epoch)  # the next epoch's first step
         return True
+
+    def continue_modelzoo(self, checkpoint):
+        """After the weights of a checkpoint of ModelZoo's main.py (epoch, arch, state_dict,
+        best_prec1, optimizer; no scheduler): its position (its epoch is the next to train), its
+        best top-1 and its optimizer's state where it fits this run's; returns what could not be
+        taken, for one line."""
+        if not (whole(checkpoint.get("epoch")) and isinstance(checkpoint.get("best_prec1"), (int, float))):
+            return ["its position and best top-1 (epoch and best_prec1 are not numbers)"]
+        self.epoch, self.epoch_step = checkpoint["epoch"], 0
+        self.global_step = self.epoch * self.steps_per_epoch
+        self.best_top1 = float(checkpoint["best_prec1"])
+        self.step_schedule(at=self.global_step)  # the LR of that epoch's first step
+        left = ["the loss scaler's and the random generators' states (ModelZoo's checkpoints hold neither)"]
+        misfit = optimizer_misfit(checkpoint.get("optimizer"), self.train_step.optimizer, self.cfg["optim"]["name"])
+        if misfit:
+            left.insert(0, f"its optimizer state ({misfit})")
+        else:
+            lrs = [group["lr"] for group in self.train_step.optimizer.param_groups]
+            self.train_step.optimizer.load_state_dict(checkpoint["optimizer"])
+            for group, lr in zip(self.train_step.optimizer.param_groups, lrs):
+                group["lr"] = lr  # the schedule's, for that epoch
+            if self.train_step.compiled:
+                hold_lr_in_tensors(self.train_step.optimizer)
+        return left
 
     # The resume policy.
     def resume(self, resume, *, fallback=None, evaluate_only=False, say=print):
@@ -318,9 +344,16 @@ class TrainingState:
         if checkpoint is None:  # a restart before the first save, say: the first round's records go
             self.resumed_at = 0
             return
+        left = None
         if self.load_state_dict(checkpoint, path):
             self.resumed_at = self.global_step
+        elif is_modelzoo_checkpoint(checkpoint) and not evaluate_only:
+            left = self.continue_modelzoo(checkpoint)
+            self.resumed_at = self.global_step
         say(f"resumed from {path} (epoch {self.epoch}, step {self.epoch_step})")
+        if left:
+            say(f"note: {path} is a checkpoint of ModelZoo's main.py: its weights, epoch and best top-1 "
+                f"{self.best_top1:.3f} are taken, not {' nor '.join(left)}")
         for change in self.changes_since(checkpoint):
             say(f"note: {change}")
 
@@ -466,6 +499,31 @@ def data_changes(was, now):
                       else f"{before.get('images')} images then, {after['images']} now")
             changes.append(f"{split}: {counts}")
     return "; ".join(changes)
+
+
+def is_modelzoo_checkpoint(checkpoint):
+    """A checkpoint of ModelZoo's main.py (epoch, arch, state_dict, best_prec1, optimizer)."""
+    return not is_training_checkpoint(checkpoint) and {"epoch", "state_dict", "best_prec1"} <= checkpoint.keys()
+
+
+def optimizer_misfit(saved, optimizer, algorithm):
+    """Why ``saved`` (the optimizer state of ModelZoo's main.py: SGD's momentum buffers) cannot go
+    into ``optimizer`` (of ``algorithm``), or '' when it fits: SGD, the same parameter groups, a
+    momentum buffer of each tensor's shape."""
+    if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict) and saved.get("param_groups")):
+        return "it holds none"
+    if algorithm != "sgd":
+        return f"SGD's momentum, and this run's optimizer is {algorithm}"
+    own = optimizer.param_groups
+    if [len(group.get("params", ())) for group in saved["param_groups"]] != [len(group["params"]) for group in own]:
+        return "its parameter groups differ from this run's"
+    params = [p for group in own for p in group["params"]]
+    for index, state in saved["state"].items():
+        buffer = state.get("momentum_buffer") if isinstance(state, dict) else None
+        if not (isinstance(index, int) and 0 <= index < len(params) and set(state) == {"momentum_buffer"}
+                and isinstance(buffer, torch.Tensor) and buffer.shape == params[index].shape):
+            return f"its state of tensor {index} is not a momentum buffer of that tensor's shape"
+    return ""
 
 
 def is_training_checkpoint(checkpoint):

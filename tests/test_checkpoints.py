@@ -48,6 +48,35 @@ def test_resuming_an_earlier_checkpoint_into_a_later_run_is_refused(two_epochs, 
     assert run(digits, tmp_path / "branch", "--epochs", "3", "--resume", str(earlier)) == 0
 
 
+def as_modelzoo_saves_it(checkpoint):
+    """Our checkpoint as ModelZoo's main.py writes one: its five keys, DDP's 'module.' prefix."""
+    return {"epoch": checkpoint["epoch"], "arch": "mobilenet", "best_prec1": checkpoint["best_prec1"],
+            "state_dict": {f"module.{k}": v for k, v in checkpoint["state_dict"].items()},
+            "optimizer": checkpoint["optimizer"]}
+
+
+def test_a_modelzoo_checkpoint_resumes_at_its_epoch_with_its_momentum(two_epochs, digits, capsys, tmp_path):
+    """--resume of main.py's checkpoint continues where it says (its epoch is the next to train)
+    with its best top-1 and SGD momentum: the second epoch ends as the uninterrupted run's did."""
+    theirs = tmp_path / "checkpoint.pth.tar"
+    first = load_checkpoint(two_epochs / "checkpoints" / "epoch_001.pt")
+    torch.save(as_modelzoo_saves_it({**first, "best_prec1": 99.5}), theirs)
+    capsys.readouterr()
+    assert run(digits, tmp_path / "from_theirs", "--epochs", "2", "--resume", str(theirs)) == 0
+    said = capsys.readouterr().out
+    assert f"resumed from {theirs} (epoch 1, step 0)" in said
+    assert (f"note: {theirs} is a checkpoint of ModelZoo's main.py: its weights, epoch and best top-1 99.500 are "
+            f"taken, not the loss scaler's and the random generators' states (ModelZoo's checkpoints hold neither)") in said
+    ours, straight = (load_checkpoint(folder / "checkpoints" / "last.pt") for folder in (tmp_path / "from_theirs", two_epochs))
+    assert (ours["epoch"], ours["best_prec1"]) == (2, 99.5)
+    for key, value in straight["state_dict"].items():
+        assert torch.equal(value, ours["state_dict"][key]), key
+    capsys.readouterr()
+    assert run(digits, tmp_path / "adam", "--epochs", "2", "--resume", str(theirs), "optim.name=adam") == 0
+    assert ("taken, not its optimizer state (SGD's momentum, and this run's optimizer is adam) nor the loss "
+            "scaler's") in capsys.readouterr().out
+
+
 def test_best_and_epoch_files_are_independent_of_last(two_epochs):
     folder = two_epochs / "checkpoints"
     names = {p.name for p in folder.iterdir()}
