@@ -431,6 +431,9 @@ def check_combinations(cfg, derived):
     if cfg["schedule"]["min_lr"] > derived["lr"]:
         raise UsageError(f"schedule.min_lr={cfg['schedule']['min_lr']:g} is above the learning rate "
                          f"{derived['lr']:g}; it is the floor the cosine schedule decays to")
+    if derived["amp_backend"] == "apex" and cfg["amp"]["dtype"] != "float16":
+        raise UsageError(f"amp.dtype={cfg['amp']['dtype']} under apex: Ascend's apex casts to float16 only; "
+                         f"use amp.dtype=float16, or amp.backend=native for {cfg['amp']['dtype']}")
     needs_eager = eager_only(cfg, derived)
     if cfg["train"]["compile"] is True and needs_eager:
         raise UsageError(f"train.compile=true: {needs_eager}; leave train.compile at auto or off")

@@ -49,7 +49,7 @@ class Implies:
 
 IMPLIES = {"loop": Implies(True, False, True), "foreach": Implies(True, False, True),
            "torch_fused": Implies(True, True, True), "npu_fused": Implies(False, False, False),
-           "apex_npu_fused": Implies(False, False, True)}
+           "apex_npu_fused": Implies(False, False, False)}  # under apex, which compile refuses
 IMPLEMENTATIONS = tuple(IMPLIES)
 # the optim.* overrides that select each implementation (npu_fused: optim.impl=fused on npu)
 SETTINGS = {"loop": ["optim.impl=standard", "optim.foreach=false"],

@@ -1,6 +1,7 @@
 """ModelZoo's path, apex amp with apex's NpuFusedSGD, run on cpu under tests/standin_apex.py (a
 stand-in written from Ascend apex's source; it tests our wiring, not apex's kernels)."""
 import json
+import re
 import sys
 import types
 
@@ -56,6 +57,35 @@ def test_refusals_are_one_line(apex, tmp_path, digits, capsys, extra, message, m
     assert run(digits, tmp_path / "run", *extra) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and not (tmp_path / "run").exists()
+
+
+def test_what_apex_cannot_do_is_refused_and_implied_nowhere(apex, tmp_path, digits, capsys):
+    """apex casts to float16 only: bfloat16 is refused, not trained in float16 while config.yaml
+    says bfloat16; compile is refused under apex, and the implementation's table says so too."""
+    from mobilenet.optim import IMPLIES
+    assert run(digits, tmp_path / "bf16", "--amp", "O2", "amp.dtype=bfloat16") == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["error: amp.dtype=bfloat16 under apex: Ascend's apex casts to float16 only; use "
+                     "amp.dtype=float16, or amp.backend=native for bfloat16"]
+    with pytest.raises(UsageError, match="apex amp patches the model"):
+        resolve(build_config(ROOT / "configs" / "demo.yaml", [*TINY, "amp.level=O2", "amp.backend=apex",
+                                                               "optim.impl=fused", "train.compile=true"]))
+    assert not IMPLIES["apex_npu_fused"].compile_step
+
+
+def test_modelzoo_static_scale_trains_and_an_overflow_stops_the_run(apex, tmp_path, digits, capsys):
+    """ModelZoo's recipe: O2 at a static scale of 1024. apex checks nothing at a static scale (an
+    overflowing step is applied), so an overflow makes the weights and the loss non-finite and the
+    run stops at the next loss check in one line, the last checkpoint kept."""
+    assert run(digits, tmp_path / "run", "--amp", "O2", "amp.loss_scale=1024", "--epochs", "1") == 0
+    saved = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert saved["amp"]["apex"]["loss_scaler0"]["loss_scale"] == 1024 and saved["amp"]["skipped"] == 0
+    capsys.readouterr()
+    assert run(digits, tmp_path / "overflow", "--amp", "O2", "amp.loss_scale=1024", "--epochs", "1",
+               "optim.lr=1e30") == 1  # the first step's update overflows float16
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: the loss became (nan|inf) in epoch 0 before step 2: stopped; nothing saved after "
+                        r".*/checkpoints/last.pt", error), error
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
