@@ -200,8 +200,8 @@ def cpu_model():
 
 def describe(device):
     if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
+        return f"cuda:{device.index} ({torch.cuda.get_device_name(device)})"
     if device.type == "npu":
         cards = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "all")
-        return f"npu ({torch.npu.get_device_name(device)}, visible cards {cards})"
+        return f"npu:{device.index} ({torch.npu.get_device_name(device)}, visible cards {cards})"
     return f"cpu ({torch.get_num_threads()} threads)"

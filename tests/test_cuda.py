@@ -73,10 +73,14 @@ def test_an_overflow_step_leaves_weights_and_momentum_unchanged_on_cuda(implemen
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
-def test_device_id_picks_the_card_of_a_single_process(tmp_path, digits):
-    """ModelZoo's --device_id N on a machine with cards: this one process trains on cuda:N."""
+def test_device_id_picks_the_card_of_a_single_process(tmp_path, digits, capsys):
+    """ModelZoo's --device_id N on a machine with cards: this one process trains on cuda:N (the log
+    names the card, and the memory the run took is on that card)."""
     last = torch.cuda.device_count() - 1
+    torch.cuda.reset_peak_memory_stats(last)
+    capsys.readouterr()
     summary = train_digits(digits, tmp_path / "run", f"--device_id={last}", "--epochs", "1",
                            "train.max_steps=2")
-    config = (tmp_path / "run" / "config.yaml").read_text()
-    assert summary["device"] == "cuda" and f"device_id: {last}" in config
+    assert f"device cuda:{last} (" in capsys.readouterr().out
+    assert summary["device"] == "cuda" and torch.cuda.max_memory_allocated(last) > 0
+    assert summary["peak_memory_mb"] == pytest.approx(torch.cuda.max_memory_allocated(last) / 2**20, abs=0.1)
