@@ -348,7 +348,7 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
                                                           foreach=optim["foreach"], amp_backend=amp_backend),
         "amp_backend": amp_backend,
         "command_line": list(command_line) + device_id_notes(cfg["device_id"], device, world.size),
-        "workers": auto_workers(data["path"], world.local_size) if data["workers"] == "auto" else data["workers"],
+        "workers": auto_workers(data, world.local_size) if data["workers"] == "auto" else data["workers"],
     }
     # torch.compile's backend and mode for the device, or None: eager; and why
     derived["compile"], derived["compile_why"] = choose_compile(

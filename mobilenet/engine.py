@@ -13,7 +13,8 @@ import torch
 
 from mobilenet import checkpoint as ckpt
 from mobilenet.data import build_datasets, build_loaders
-from mobilenet.data.datasets import WorkerSignals, data_record, unreadable_flags
+from mobilenet.data.datasets import WorkerSignals, data_record, unreadable_flags, usable_cores
+from mobilenet.data.prepared import is_prepared
 from mobilenet.device import open_device, peak_memory_mb
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
                                    from_rank0, host_group, init_process_group, world_from_env)
@@ -360,7 +361,8 @@ def log_interval(r, loss, interval):
     eta_epoch = in_epoch * interval.step_time + r.val_seconds
     eta_run = eta_epoch + after_epoch * interval.step_time + math.ceil(after_epoch / steps) * r.val_seconds
     lr, extras = state.lr(), state.metrics()
-    hint = r.data_hint.line(interval.data_wait, r.cfg["derived"]["workers"])
+    hint = r.data_hint.line(interval.data_wait, r.cfg["derived"]["workers"],
+                            usable_cores() // max(1, r.world.local_size), is_prepared(r.cfg["data"]["path"]))
     if hint:
         r.log.info(hint)
     r.log.info(progress_line(epoch=state.epoch, step=state.epoch_step, steps=steps, eta_epoch=eta_epoch,

@@ -66,15 +66,20 @@ class DataWaitHint:
     def __init__(self):
         self.slow, self.given = 0, False
 
-    def line(self, data_wait, workers):
-        """The hint after an interval with ``data_wait``, or None."""
+    def line(self, data_wait, workers, cores, prepared):
+        """The hint after an interval with ``data_wait``, or None. ``cores``: the usable cores of
+        each process; ``prepared``: the data is a prepared set already."""
         self.slow = self.slow + 1 if data_wait >= self.SHARE else 0
         if self.slow < self.INTERVALS or self.given:
             return None
         self.given = True
-        return (f"hint: data wait {data_wait:.0%} of the step for {self.INTERVALS} log intervals: raise "
-                f"data.workers (now {workers}), keep a small dataset in memory (data.cache_mb) or use "
-                f"faster storage")
+        prepare = "" if prepared else ("prepare the data once (python scripts/prepare_data.py DIR DST, then "
+                                       "--data DST: about half the CPU per image), ")
+        more = f"give it more cores (data.workers is {workers}" + (
+            f", of {cores} usable: raise it)" if workers < cores - 1 else f" of {cores} usable cores)")
+        return (f"hint: the loop waited for data {data_wait:.0%} of the time for {self.INTERVALS} log intervals: "
+                f"the loader cannot keep up; {prepare}{more}, keep a small dataset in memory "
+                f"(data.cache_mb) or use faster storage")
 
 
 def read_summary(path, say):

@@ -138,12 +138,26 @@ class PhaseOps:
 
 def cpu_seconds():
     """(CPU seconds the whole machine has been busy, steal included, as /proc/stat counts them;
-    CPU seconds of this process and its reaped children)."""
+    CPU seconds of this process, its reaped children and its live ones: the loader's workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
     own = os.times()
-    return busy, own.user + own.system + own.children_user + own.children_system
+    return ((user + nice + system + irq + softirq + steal) / tick,
+            own.user + own.system + own.children_user + own.children_system + live_children_ticks() / tick)
+
+
+def live_children_ticks():
+    """CPU clock ticks (user and system) of this process's live children, from /proc."""
+    me, ticks = str(os.getpid()), 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if fields[1] == me:  # fields after the name: state, ppid, ..., utime (12), stime (13)
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks
 
 
 class OtherLoad:

@@ -7,6 +7,8 @@
   compile     training img/s with train.compile against eager
   ema         the step with no EMA, the app's WeightEMA, torch's AveragedModel
   data        the input pipeline, one worker, against torchvision's
+  feed        ImageNet-like JPEGs and their prepared set: cost by stage, feed by workers, training
+  ranks       the epoch-end check that every rank holds the same state, against a step
   pipeline    end-to-end training against the same step fed from memory
   ceiling     the app's loop against plain loops on its DataLoader and on a static batch
 

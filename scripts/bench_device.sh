@@ -8,7 +8,9 @@
 #   trace     10 eager app steps under torch.profiler (fused; b256 O2 float16, b64 O1 bfloat16),
 #             read by scripts/trace_report.py: host and device time per phase, syncs, copies, casts
 #   compiled  bench.py ceiling, compiled (reduce-overhead) at batch 256, O1 bfloat16
-#   data      bench.py data: one worker's decode rate, and the feed rate of all usable cores
+#   data      bench.py data: one worker's decode rate against torchvision's
+#   feed      bench.py feed: ImageNet-like JPEGs and their prepared set, by stage and loader workers,
+#             and training from them against synthetic images at b256 O2 fused
 #   compare   compare_optimizers.sh at b256 O2: loop, foreach, fused (throughput, then breakdown)
 #   demo      the README's command: bash train.sh --optimizer=fused
 #   bash scripts/bench_device.sh [PART ...]            (default: every part, in this order)
@@ -55,8 +57,9 @@ run_part() {
     trace) part trace 60 bash -c "trace 256 O2 float16 && trace 64 O1 bfloat16" ;;
     compiled) part compiled 110 "$PY" scripts/bench.py ceiling --steps 30 --rounds 1 --json "$out/compiled.json" \
         --cases compiled/256/O1-bfloat16/torch_fused ;;
-    data) part data 50 "$PY" scripts/bench.py data --rounds 2 --images 1024 --loader-workers "$cores" \
-        --json "$out/data.json" ;;
+    data) part data 50 "$PY" scripts/bench.py data --rounds 2 --images 1024 --json "$out/data.json" ;;
+    feed) part feed 150 "$PY" scripts/bench.py feed --rounds 2 --images 3072 --batch-size 256 --steps 8 \
+        amp.level=O2 amp.loss_scale=1024 optim.impl=fused --json "$out/feed.json" ;;
     compare) part compare 75 env COMPARE_OUT="$out/compare" bash scripts/compare_optimizers.sh \
         --data synthetic --amp O2 amp.loss_scale=1024 data.batch_size=256 data.synthetic_size=10240 \
         train.log_every=20 --epochs 1 ;;
@@ -66,7 +69,7 @@ run_part() {
 }
 
 echo "$("$PY" -c "import torch; print('torch', torch.__version__)"); $cores usable cores; results in $out"
-for name in "${@:-tests ceiling trace compiled loop data compare demo}"; do
+for name in "${@:-tests ceiling trace compiled loop data feed compare demo}"; do
   for each in $name; do run_part "$each"; done
 done
 echo "| part | result |"

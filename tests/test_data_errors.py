@@ -122,8 +122,9 @@ def test_a_loader_that_stays_the_bottleneck_gets_one_hint(tmp_path, capsys):
                        *TINY, "model.num_classes=2", "data.batch_size=2", "data.cache_mb=0",
                        "train.log_every=1", "--epochs", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    hints = [line for line in lines if line.startswith("hint: data wait")]
-    assert len(hints) == 1 and "raise data.workers (now 0)" in hints[0]
+    hints = [line for line in lines if line.startswith("hint: the loop waited for data")]
+    assert len(hints) == 1 and "prepare the data once (python scripts/prepare_data.py DIR DST" in hints[0]
+    assert "(data.workers is 0, of" in hints[0]
     waits = [json.loads(r)["data_wait"] for r in (out / "metrics.jsonl").read_text().splitlines()
              if '"train"' in r]
     assert len(waits) == 8 and sum(w >= 0.3 for w in waits) >= 3
@@ -135,8 +136,9 @@ def test_the_data_wait_hint_is_said_once_a_run_even_when_the_wait_comes_back():
     from mobilenet.logging import DataWaitHint
     hint = DataWaitHint()
     slow, fast = DataWaitHint.SHARE + 0.1, 0.0
-    said = [line for wait in [slow] * 3 + [fast] + [slow] * 3 if (line := hint.line(wait, workers=3))]
-    assert len(said) == 1 and "raise data.workers (now 3)" in said[0]
+    said = [line for wait in [slow] * 3 + [fast] + [slow] * 3
+            if (line := hint.line(wait, workers=3, cores=16, prepared=True))]
+    assert len(said) == 1 and "(data.workers is 3, of 16 usable: raise it)" in said[0] and "prepare" not in said[0]
 
 
 def test_class_set_mismatch_names_the_classes(tmp_path, digits, capsys):

@@ -1,6 +1,7 @@
 """Datasets (ImageFolder of files, synthetic images, the digits demo) and their loaders."""
 import contextlib
 import hashlib
+import itertools
 import math
 import multiprocessing
 import os
@@ -44,23 +45,103 @@ def read_regular_file(path):
         os.close(fd)
 
 
-class ImageFolderRGB(datasets.ImageFolder):
-    """ImageFolder whose transform receives each file as an EncodedImage, which it decodes to RGB
-    (CMYK and grayscale JPEGs, PNGs named .JPEG), and the sample's augmentation seed (from its key).
+class ImageSamples(Dataset):
+    """Samples of encoded images with labels (``samples``: [(path, label)], ``targets``,
+    ``classes``), whose ``open(index)`` gives an EncodedImage; the transform decodes it to RGB (CMYK
+    and grayscale JPEGs, PNGs named .JPEG) with the sample's augmentation seed (from its key).
 
-    A file that cannot be read or decoded, for whatever reason (truncated or foreign data, a
+    An image that cannot be read or decoded, for whatever reason (truncated or foreign data, a
     decoder's limit such as PIL's decompression-bomb guard, a FIFO, permissions), gets one warning
-    naming it, once per file however often it is drawn, and is remembered in ``unreadable`` (shared
-    with the loader's workers). Training draws the next readable file in its place (batches stay
-    full); with ``leave_out`` (validation: the image shape) it yields a blank image labelled -1,
-    which accuracy leaves out of its counts. ``strict``: a UsageError at the first such file."""
+    naming it, once however often it is drawn, and is remembered in ``unreadable`` (shared with the
+    loader's workers). Training draws the next readable one in its place (batches stay full); with
+    ``leave_out`` (validation: the image shape) it yields a blank image labelled -1, which accuracy
+    leaves out of its counts. ``strict``: a UsageError at the first such image. ``cache_mb``: the
+    first images that fit, decoded once and kept."""
 
-    def __init__(self, root, transform, strict=False, leave_out=None, cache_mb=0):
-        super().__init__(root, transform)
-        self.strict, self.leave_out = strict, leave_out
+    def keep(self, transform, strict=False, leave_out=None, cache_mb=0):
+        """Called by a subclass once its samples are known."""
+        self.transform, self.strict, self.leave_out = transform, strict, leave_out
         self.unreadable = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
         self.lock = multiprocessing.Lock()
         self.cache = self.preload(cache_mb * 2**20) if cache_mb else {}
+
+    def read(self, index):
+        """The EncodedImage of sample ``index``, read now (an OSError or a decoder's error: unreadable)."""
+        raise NotImplementedError
+
+    def preload(self, budget):
+        """{index: EncodedImage with its full-scale pixels} for the first images that fit in
+        ``budget`` bytes (data.cache_mb), read and decoded now, before the loader's workers fork
+        and share them. A cached image gives the same pixels as a fresh read (reduced-scale decodes
+        still come from its bytes), so caching never changes a run."""
+        cache = {}
+        for index, (path, _) in enumerate(self.samples):
+            try:
+                image = self.read(index)
+                budget -= image.keep_full_scale()
+                if budget < 0:
+                    break
+                image.decode(1)
+            except Exception as e:  # as in load()
+                self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
+                continue
+            cache[index] = image
+        return cache
+
+    def open(self, index):
+        """The EncodedImage of sample ``index``, from the cache (data.cache_mb) or read now."""
+        image = self.cache.get(index)
+        return image if image is not None else self.read(index)
+
+    def load(self, index, seed):
+        """(transformed image, label), or None when the image cannot be read or decoded."""
+        if self.unreadable[index]:
+            return None
+        path, label = self.samples[index]
+        try:
+            return self.transform(self.open(index), seed), label
+        except Exception as e:  # decoders raise many types for bad data; each is this image's problem
+            self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
+            return None
+
+    def report_unreadable(self, index, path, reason):
+        if self.strict:
+            raise UsageError(f"{path}: unreadable image ({reason}); data.strict=true stops here")
+        with self.lock:
+            first = not self.unreadable[index]
+            self.unreadable[index] = True
+        if first:
+            print(f"warning: skipping unreadable image {path} ({reason})", file=sys.stderr, flush=True)
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, key):
+        index, seed = sample_key(key)
+        if self.leave_out is not None:
+            sample = self.load(index, seed)
+            return sample if sample is not None else (torch.zeros(self.leave_out, dtype=torch.uint8), -1)
+        for offset in range(len(self)):
+            sample = self.load((index + offset) % len(self), seed)
+            if sample is not None:
+                return sample
+        raise UsageError(f"{self.root}: no readable image")
+
+    def record_lines(self):
+        """What tells this data apart, as bytes, for the data record (no image is read)."""
+        for path, label in self.samples:  # names are bytes on Linux, not always UTF-8
+            yield os.fsencode(os.path.relpath(path, self.root)) + f"\t{label}\n".encode()
+
+
+class ImageFolderRGB(ImageSamples, datasets.ImageFolder):
+    """An ImageFolder of image files (torchvision's classes, labels and sample order)."""
+
+    def __init__(self, root, transform, strict=False, leave_out=None, cache_mb=0):
+        datasets.ImageFolder.__init__(self, root)
+        self.keep(transform, strict, leave_out, cache_mb)
+
+    def read(self, index):
+        return EncodedImage(read_regular_file(self.samples[index][0]))
 
     @staticmethod
     def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
@@ -86,61 +167,6 @@ class ImageFolderRGB(datasets.ImageFolder):
         if empty and not allow_empty:
             raise FileNotFoundError(f"Found no valid file for the classes {', '.join(sorted(empty))}")
         return samples
-
-    def preload(self, budget):
-        """{index: EncodedImage with its full-scale pixels} for the first files that fit in
-        ``budget`` bytes (data.cache_mb), read and decoded now, before the loader's workers fork
-        and share them. A cached image gives the same pixels as a fresh read (reduced-scale decodes
-        still come from its bytes), so caching never changes a run."""
-        cache = {}
-        for index, (path, _) in enumerate(self.samples):
-            try:
-                image = EncodedImage(read_regular_file(path))
-                budget -= image.keep_full_scale()
-                if budget < 0:
-                    break
-                image.decode(1)
-            except Exception as e:  # as in load()
-                self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
-                continue
-            cache[index] = image
-        return cache
-
-    def open(self, index, path):
-        """The EncodedImage of a file, from the cache (data.cache_mb) or read now."""
-        image = self.cache.get(index)
-        return image if image is not None else EncodedImage(read_regular_file(path))
-
-    def load(self, index, seed):
-        """(transformed image, label), or None when the file cannot be read or decoded."""
-        if self.unreadable[index]:
-            return None
-        path, label = self.samples[index]
-        try:
-            return self.transform(self.open(index, path), seed), label
-        except Exception as e:  # decoders raise many types for bad data; each is this file's problem
-            self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
-            return None
-
-    def report_unreadable(self, index, path, reason):
-        if self.strict:
-            raise UsageError(f"{path}: unreadable image ({reason}); data.strict=true stops here")
-        with self.lock:
-            first = not self.unreadable[index]
-            self.unreadable[index] = True
-        if first:
-            print(f"warning: skipping unreadable image {path} ({reason})", file=sys.stderr, flush=True)
-
-    def __getitem__(self, key):
-        index, seed = sample_key(key)
-        if self.leave_out is not None:
-            sample = self.load(index, seed)
-            return sample if sample is not None else (torch.zeros(self.leave_out, dtype=torch.uint8), -1)
-        for offset in range(len(self)):
-            sample = self.load((index + offset) % len(self), seed)
-            if sample is not None:
-                return sample
-        raise UsageError(f"{self.root}: no readable image")
 
 
 def folder_id(path):
@@ -184,11 +210,8 @@ def data_record(dataset):
     tell whether the data changed (a hash of the file list and labels; of the settings for
     synthetic images), without reading any image."""
     digest = hashlib.sha1()
-    if isinstance(dataset, SyntheticImages):
-        digest.update(f"synthetic {dataset.size} {tuple(dataset.images.shape)} {dataset.num_classes}".encode())
-    else:
-        for path, label in dataset.samples:  # names are bytes on Linux, not always UTF-8
-            digest.update(os.fsencode(os.path.relpath(path, dataset.root)) + f"\t{label}\n".encode())
+    for line in dataset.record_lines():
+        digest.update(line)
     return {"images": len(dataset), "fingerprint": digest.hexdigest()}
 
 
@@ -216,19 +239,24 @@ class SyntheticImages(Dataset):
         index, _ = sample_key(key)
         return self.images[index % self.POOL], index % self.num_classes
 
+    def record_lines(self):
+        yield f"synthetic {self.size} {tuple(self.images.shape)} {self.num_classes}".encode()
 
-def image_folder(root, subset, transform, strict, leave_out=None, cache_mb=0):
+
+def image_folder(root, subset, transform, strict, leave_out=None, cache_mb=0, flag="--data"):
+    """ImageFolderRGB of ``root``/``subset``; what is wrong with the folder is a UsageError naming
+    ``flag`` (what the user gave it as)."""
     folder = Path(root) / subset
     try:
         found = folder.is_dir()
     except OSError as e:  # a name too long, a permission: the path itself is the problem
-        raise UsageError(f"--data {root}: {e.strerror}") from None
+        raise UsageError(f"{flag} {root}: {e.strerror}") from None
     if not found:
-        raise UsageError(f"--data {root}: no '{subset}' folder (expected {root}/{subset}/<class>/*.JPEG)")
+        raise UsageError(f"{flag} {root}: no '{subset}' folder (expected {root}/{subset}/<class>/*.JPEG)")
     try:
         return ImageFolderRGB(folder, transform, strict, leave_out, cache_mb)
     except (FileNotFoundError, OSError) as e:
-        raise UsageError(f"--data {root}: {subset}: {e}") from None
+        raise UsageError(f"{flag} {root}: {subset}: {e}") from None
 
 
 def build_datasets(data, model):
@@ -242,10 +270,24 @@ def build_datasets(data, model):
                 SyntheticImages(val_size, resolution, model["num_classes"], seed=1))
     if path == "digits":
         path = DIGITS_ROOT if DIGITS_ROOT.is_dir() else build_digits()
+    from mobilenet.data import prepared  # it builds on this module
+    if prepared.is_unfinished(path):
+        raise UsageError(f"--data {path}: its preparation did not finish (no {prepared.MANIFEST}); run "
+                         f"scripts/prepare_data.py with the same SRC and DST again to complete it")
+    if prepared.is_prepared(path):
+        train, val = prepared.prepared_datasets(
+            path, train_transform(resolution, data["min_scale"], data["hflip"]),
+            val_transform(resolution, data["val_resize_ratio"]), data, (3, resolution, resolution))
+        return checked(train, val, path, model)
     train = image_folder(path, "train", train_transform(resolution, data["min_scale"], data["hflip"]),
                          data["strict"], cache_mb=data["cache_mb"])
     val = image_folder(path, "val", val_transform(resolution, data["val_resize_ratio"]), data["strict"],
                        leave_out=(3, resolution, resolution), cache_mb=data["cache_mb"])
+    return checked(train, val, path, model)
+
+
+def checked(train, val, path, model):
+    """(train, val), once their classes agree with each other and with the model."""
     if train.classes != val.classes:
         missing, extra = sorted(set(train.classes) - set(val.classes)), sorted(set(val.classes) - set(train.classes))
         raise UsageError(f"--data {path}: train has {len(train.classes)} classes, val has {len(val.classes)}; "
@@ -332,12 +374,51 @@ def quota_in(folder, files):
     return quota / period if quota > 0 and period > 0 else None
 
 
-def auto_workers(path, processes, cores=None):
-    """data.workers auto: this process's share of the usable cores (divided among the node's
-    ``processes``), less one for the process itself, which feeds the device; synthetic images need
-    SYNTHETIC_WORKERS at most."""
+def auto_workers(data, processes, cores=None):
+    """data.workers auto for the ``data`` config section: none when data.cache_mb holds the whole
+    training set decoded (what is left per image, a crop and a resize, costs less than a worker's
+    hand-over of it: bench.py feed), else this process's share of the usable cores (divided among
+    the node's ``processes``) less one for the process itself, which feeds the device; synthetic
+    images need SYNTHETIC_WORKERS at most."""
+    if data["cache_mb"] and decoded_in_memory(data):
+        return 0
     workers = max(0, (cores or usable_cores()) // max(1, processes) - 1)
-    return min(workers, SYNTHETIC_WORKERS) if path == "synthetic" else workers
+    return min(workers, SYNTHETIC_WORKERS) if data["path"] == "synthetic" else workers
+
+
+def decoded_in_memory(data, sample=16):
+    """Whether data.cache_mb holds the training set decoded, estimated from its image count and
+    the headers of its first ``sample`` files (a prepared set: its bounded side)."""
+    from mobilenet.data import prepared  # it builds on this module
+    budget, path = data["cache_mb"] * 2**20, data["path"]
+    if path == "synthetic":
+        return True
+    root = Path(DIGITS_ROOT if path == "digits" else path)
+    if prepared.is_prepared(root):
+        side = prepared.manifest(root)["settings"]["max_side"]
+        per_image = 3 * side * side * 3 // 4
+    else:
+        sizes = []
+        for file in itertools.islice(first_files(root / "train"), sample):
+            try:
+                sizes.append(EncodedImage(read_regular_file(file)).keep_full_scale())
+            except Exception:  # noqa: BLE001  the loader says what is wrong with a file
+                continue
+        per_image = sum(sizes) / len(sizes) if sizes else 3 * 32 * 32  # digits not written yet: 32 px
+    return count_train_images(data, limit=int(budget // per_image) + 1) * per_image <= budget
+
+
+def first_files(folder):
+    """The files below ``folder``, the first class folders first, each listed as it is met."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_dir():
+            yield from first_files(entry.path)
+        elif entry.is_file():
+            yield Path(entry.path)
 
 
 def count_train_images(data, limit):
@@ -347,6 +428,9 @@ def count_train_images(data, limit):
         return data["synthetic_size"]
     if data["path"] == "digits":
         return DIGITS_TRAIN_IMAGES
+    from mobilenet.data import prepared
+    if prepared.is_prepared(data["path"]):
+        return prepared.train_images(data["path"])
     count, folders = 0, [Path(data["path"]) / "train"]
     while folders and count < limit:
         try:

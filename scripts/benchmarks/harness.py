@@ -32,8 +32,10 @@ class Rounds:
         kept = [i for i, share in enumerate(self.other) if share <= self.max_other]
         return kept or list(range(len(self.values)))
 
-    def median(self, name):
-        return statistics.median(self.values[i][name] for i in self.kept)
+    def median(self, name, key=None):
+        """The median of ``name``'s measurements (of their ``key``, where a measurement is a dict)."""
+        return statistics.median(self.values[i][name] if key is None else self.values[i][name][key]
+                                 for i in self.kept)
 
     def spread(self, name):
         """(min, max) over the kept rounds."""
@@ -108,9 +110,15 @@ def interleave(variants, rounds=5, max_other=0.25):
 
 
 def training_img_per_s(config, overrides, steps=12, log_every=4):
-    """img/s of the app's own loop (engine.run, in this process, no device syncs but the log
-    intervals' own) over ``steps`` steps of one epoch of ``config`` with ``overrides``: the harmonic
-    mean of its progress intervals after the first (which holds the warm-up; under train.compile
+    """The img/s of training_rate (below)."""
+    return training_rate(config, overrides, steps, log_every)["img_per_s"]
+
+
+def training_rate(config, overrides, steps=12, log_every=4):
+    """{"img_per_s", "data_wait"} of the app's own loop (engine.run, in this process, no device syncs
+    but the log intervals' own) over ``steps`` steps of one epoch of ``config`` with ``overrides``:
+    the harmonic mean of its progress intervals after the first, and the share of their time spent
+    waiting for data (which holds the warm-up; under train.compile
     the compiling steps are left out before it, as in any run). Synthetic data is sized to hold the
     steps; an epoch of other data that holds fewer is refused in one line (a UsageError), so no
     figure is a warm-up rate (``interval_note`` says which intervals). Writes nothing that stays."""
@@ -132,7 +140,9 @@ def training_img_per_s(config, overrides, steps=12, log_every=4):
                          f"{len(rates) * log_every} of the {steps + compile_steps} steps this measurement "
                          f"needs; use more images or fewer steps")
     rates = rates[1:]  # the warm-up interval
-    return len(rates) / sum(1 / rate for rate in rates)  # equal images per interval
+    waits = [r["data_wait"] for r in records if r["kind"] == "train"][1:]
+    return {"img_per_s": len(rates) / sum(1 / rate for rate in rates),  # equal images per interval
+            "data_wait": sum(wait / rate for wait, rate in zip(waits, rates)) / sum(1 / rate for rate in rates)}
 
 
 def interval_note(steps, log_every):
@@ -172,3 +182,45 @@ def op_budget(cfg, device, warmup=3):
     counts.update(phases.counts)
     counts["scheduler"] = count_ops(state.scheduler.step)
     return counts
+
+
+# ImageNet's training JPEGs: mostly about 500x375 (either way up), saved at quality ~96 without
+# chroma subsampling; a share far larger, a few grayscale and CMYK (../shared/NOTES.md).
+IMAGENET_LIKE = {"500x375, either way up": 0.75, "long side 800-2000": 0.17, "grayscale": 0.05, "CMYK": 0.03}
+
+
+def write_imagenet_like(root, count, classes=2, seed=0):
+    """``count`` JPEGs cut from scikit-learn's sample photos and encoded as ImageNet's are (quality
+    96, 4:4:4), in the IMAGENET_LIKE mix, as an ImageFolder with train/ (``count`` images in
+    ``classes`` classes) and val/ (an eighth as many); root/MIX.json says the mix. Returns root."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    rng = np.random.default_rng(seed)
+    photos = [Image.fromarray(a) for a in load_sample_images().images]
+    kinds = list(IMAGENET_LIKE)
+    made = dict.fromkeys(kinds, 0)
+    for split, images in (("train", count), ("val", max(classes, count // 8))):
+        for i in range(images):
+            kind = kinds[int(rng.choice(len(kinds), p=list(IMAGENET_LIKE.values())))]
+            if kind == "long side 800-2000":
+                long_side = int(rng.integers(800, 2001))
+                size = (long_side, long_side * 3 // 4)
+            else:
+                size = (500, 375) if rng.random() < 0.5 else (375, 500)
+            photo = photos[i % len(photos)]
+            w, h = photo.size
+            crop_w, crop_h = int(w * rng.uniform(0.6, 1)), int(h * rng.uniform(0.6, 1))
+            left, top = int(rng.integers(0, w - crop_w + 1)), int(rng.integers(0, h - crop_h + 1))
+            image = photo.crop((left, top, left + crop_w, top + crop_h)).resize(size, Image.BICUBIC)
+            image = image.convert({"grayscale": "L", "CMYK": "CMYK"}.get(kind, "RGB"))
+            folder = Path(root) / split / f"class{i % classes}"
+            folder.mkdir(parents=True, exist_ok=True)
+            image.save(folder / f"{i:05d}.JPEG", quality=96, subsampling=0)
+            made[kind] += split == "train"
+    sizes = [p.stat().st_size for p in (Path(root) / "train").rglob("*.JPEG")]
+    (Path(root) / "MIX.json").write_text(json.dumps({
+        "train_images": count, "val_images": max(classes, count // 8), "quality": 96, "chroma": "4:4:4",
+        "mix": made, "mean_kb": round(sum(sizes) / len(sizes) / 1024, 1)}, indent=2) + "\n")
+    return Path(root)

@@ -1,0 +1,185 @@
+"""What feeds the step from real JPEGs: the app's own train loader over a folder of photos encoded as
+ImageNet's are, and over the prepared set made from it (scripts/prepare_data.py).
+
+python scripts/bench.py feed [--data DIR] [--images 768] [--resolution 224] [--batch-size 64]
+                             [--steps 8] [--rounds 3] [--json FILE] [key.sub=value ...]
+Without --data it writes the photos (benchmarks.harness.write_imagenet_like: quality 96, 4:4:4,
+three quarters 500x375, the rest larger, grayscale or CMYK; the folder's MIX.json says the mix),
+then prepares them at the default settings. For each source:
+  cost     one core's milliseconds per image, every image once in one thread: read (the file, or
+           the memory map's slice, and the header), decode, crop and resize (with the flip), and
+           collation into a batch
+  feed     img/s the app's train loader delivers alone, with 0 workers, 1, every usable core, and
+           what data.workers auto takes (after each loader's first batch, two epochs)
+  training the app's loop (engine.run) from the source against synthetic images in the same rounds:
+           img/s, the ratio to synthetic and the share of the time spent waiting for data
+key.sub=value settings apply to the training runs (the model, amp, optimizer, device); the
+recipe is configs/imagenet.yaml. Variants take turns (interleaved rounds, medians with min-max).
+"""
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sources(args, tmp):
+    """{"folder": root, "prepared": root}: the photos (written unless --data) and their prepared set."""
+    from benchmarks.harness import write_imagenet_like
+    from mobilenet.data.prepared import prepare
+    folder = Path(args.data) if args.data else write_imagenet_like(Path(tmp) / "photos", args.images)
+    prepared = Path(tmp) / "prepared"
+    prepare(folder, prepared, say=lambda line, end="\n": None)
+    return {"folder": folder, "prepared": prepared}
+
+
+def train_set(root, resolution):
+    from mobilenet.data.datasets import build_datasets
+    data = {"path": str(root), "min_scale": 0.08, "hflip": True, "strict": False, "cache_mb": 0,
+            "val_resize_ratio": 0.875}
+    train, _ = build_datasets(data, {"resolution": resolution, "num_classes": len(classes_of(root))})
+    return train
+
+
+def classes_of(root):
+    from mobilenet.data.prepared import is_prepared, manifest
+    if is_prepared(root):
+        return manifest(root)["splits"]["train"]["classes"]
+    return sorted(p.name for p in (Path(root) / "train").iterdir() if p.is_dir())
+
+
+def stage_costs(dataset, resolution, batch):
+    """A function returning {stage: ms of one core per image} over every image of ``dataset``."""
+    import torch
+    from mobilenet.data.decode import largest_reduction, resize
+
+    crop = dataset.transform
+
+    def measure():
+        spent = dict.fromkeys(("read", "decode", "crop/resize", "collation"), 0.0)
+        outputs, count = [], 0
+        for index in range(len(dataset)):
+            rng = random.Random(index)
+            start = time.perf_counter()
+            try:
+                image = dataset.read(index)
+            except OSError:
+                continue
+            read = time.perf_counter()
+            # TrainCrop.__call__'s steps, timed apart
+            top, left, height, width = crop.params(image.height, image.width, rng)
+            pixels = image.decode(largest_reduction(height, width, crop.size))
+            decoded = time.perf_counter()
+            sy, sx = pixels.shape[1] / image.height, pixels.shape[2] / image.width
+            top, left = round(top * sy), round(left * sx)
+            out = resize(pixels[:, top:top + round(height * sy), left:left + round(width * sx)], crop.size, crop.size)
+            outputs.append(out.flip(-1) if rng.random() < 0.5 else out)
+            done = time.perf_counter()
+            spent["read"] += read - start
+            spent["decode"] += decoded - read
+            spent["crop/resize"] += done - decoded
+            count += 1
+            if len(outputs) == batch:
+                start = time.perf_counter()
+                torch.stack(outputs)
+                spent["collation"] += time.perf_counter() - start
+                outputs = []
+        return {stage: 1000 * seconds / count for stage, seconds in spent.items()}
+    return measure
+
+
+def feed_rate(dataset, batch, workers):
+    """A function returning the img/s the app's train loader delivers with ``workers`` workers,
+    from its first batch to the end of the second epoch."""
+    from mobilenet.data import build_loaders
+    loader, _ = build_loaders(dataset, dataset, {"batch_size": batch, "val_batch_size": batch}, seed=0,
+                              workers=workers)
+
+    def measure():
+        images, start = 0, None
+        for epoch in range(2):
+            loader.sampler.set_epoch(epoch)
+            for batch_images, _ in loader:
+                if start is None:
+                    start = time.perf_counter()
+                    continue
+                images += len(batch_images)
+        return images / (time.perf_counter() - start)
+    return measure
+
+
+def main(argv=None):
+    from benchmarks.harness import benchmark_parser
+    p = benchmark_parser(__doc__, rounds=3)
+    p.add_argument("--data", help="an ImageFolder root with train/ and val/ (default: written photos)")
+    p.add_argument("--images", type=int, default=768, help="photos to write (without --data)")
+    p.add_argument("--resolution", type=int, default=224)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=8, help="training steps measured (after a warm-up interval)")
+    args, overrides = p.parse_known_args(argv)
+    import torch
+
+    from benchmarks.harness import interleave, markdown_table, training_rate, write_json
+    from mobilenet.data.datasets import auto_workers, usable_cores
+    from mobilenet.device import cpu_model
+    cores, threads = usable_cores(), torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = sources(args, tmp)
+        sets = {name: train_set(root, args.resolution) for name, root in roots.items()}
+        torch.set_num_threads(1)  # one core's work, as in one loader worker
+        try:
+            costs = interleave({name: stage_costs(dataset, args.resolution, args.batch_size)
+                                for name, dataset in sets.items()}, args.rounds)
+        finally:
+            torch.set_num_threads(threads)
+        counts = {name: {"0": 0, "1": 1, f"{cores} (every usable core)": cores,
+                         f"{auto_workers(dict(path=str(root), cache_mb=0), 1)} (auto)":
+                             auto_workers(dict(path=str(root), cache_mb=0), 1)}
+                  for name, root in roots.items()}
+        feed = interleave({f"{name}|{label}": feed_rate(sets[name], args.batch_size, workers)
+                           for name in sets for label, workers in counts[name].items()}, args.rounds)
+        recipe = ROOT / "configs" / "imagenet.yaml"
+        classes = len(classes_of(roots["folder"]))
+        common = [f"model.resolution={args.resolution}", f"model.num_classes={classes}",
+                  f"data.batch_size={args.batch_size}", *overrides]
+        runs = {name: (lambda path=path: training_rate(recipe, [*common, f"data.path={path}"], args.steps * 2,
+                                                      args.steps))
+                for name, path in (("synthetic", "synthetic"), *((n, str(r)) for n, r in roots.items()))}
+        training = interleave(runs, args.rounds)
+    print(f"{cpu_model()}; {cores} usable cores; {len(sets['folder'])} photos "
+          f"({(Path(roots['folder']) / 'MIX.json').read_text().strip() if not args.data else args.data})")
+    report = {"cores": cores, "cost": {}, "feed": {}, "training": {}}
+    stages = list(costs.values[0]["folder"])
+    for name in sets:
+        report["cost"][name] = {stage: costs.median(name, stage) for stage in stages}
+    report["cost_ratio"] = sum(report["cost"]["folder"].values()) / sum(report["cost"]["prepared"].values())
+    print(f"\ncost, one core, {args.resolution} px ({costs.describe()}):")
+    print(markdown_table(["source", *(f"{stage} ms" for stage in stages), "total ms"],
+                         [[name, *(f"{cost[s]:.3f}" for s in stages), f"{sum(cost.values()):.3f}"]
+                          for name, cost in report["cost"].items()]))
+    print(f"a core feeds {report['cost_ratio']:.2f}x as many images from the prepared set as from the folder")
+    print(f"\nfeed alone, batch {args.batch_size} ({feed.describe()}):")
+    for name in sets:
+        for label in counts[name]:
+            report["feed"][f"{name}|{label}"] = {"img_per_s": feed.median(f"{name}|{label}"),
+                                                  "spread": feed.spread(f"{name}|{label}")}
+    print(markdown_table(["source", "loader workers", "img/s (median, min-max)"],
+                         [[*key.split("|"), feed.cell(key, digits=0)] for key in report["feed"]]))
+    print(f"\ntraining, {' '.join(common)} ({training.describe()}):")
+    for name in runs:
+        ratios = [training.values[i][name]["img_per_s"] / training.values[i]["synthetic"]["img_per_s"]
+                  for i in training.kept]
+        report["training"][name] = {"img_per_s": training.median(name, "img_per_s"),
+                                    "data_wait": training.median(name, "data_wait"),
+                                    "vs_synthetic": statistics.median(ratios), "spread": (min(ratios), max(ratios))}
+    print(markdown_table(["data", "img/s (median)", "vs synthetic (median, min-max)", "data wait (median)"],
+                         [[name, f"{r['img_per_s']:.1f}", f"{r['vs_synthetic']:.2f}x ({r['spread'][0]:.2f}-"
+                           f"{r['spread'][1]:.2f})", f"{r['data_wait']:.0%}"] for name, r in report["training"].items()]))
+    write_json(args.json, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
