@@ -323,7 +323,7 @@ def check_overrides(chosen, overrides):
                 raise UsageError(f"{chosen[key][1]} and {text} contradict each other; give one")
 
 
-def config_from_args(args):
+def config_from_args(args, probe=True):
     """The resolved config: the recipe, the flags, then the key=value overrides. Under --distributed
     this process's rank goes into its environment first (as torchrun would put it)."""
     folder, overrides = split_positionals(args.positionals)
@@ -339,4 +339,4 @@ def config_from_args(args):
     config_path = Path(args.config) if args.config else default_config(data)
     settings = {key: value for key, (value, _) in chosen.items()}
     return resolve(build_config(config_path, overrides, settings), name=config_path.stem,
-                   command_line=notes)
+                   command_line=notes, probe=probe)

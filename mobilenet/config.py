@@ -44,7 +44,11 @@ DEFAULTS = {
         "synthetic_size": 2048,    # images per epoch for data.path=synthetic
         "strict": False,           # an unreadable image stops the run instead of being skipped
         "cache_mb": 0,             # >0: read and decode files at start, up to this many MiB, and keep
-                                   # them in memory (small datasets such as the demo)
+                                   # them in memory (small datasets such as the demo); under
+                                   # data.decode=device it keeps the files' bytes
+        "decode": "auto",          # workers | device (JPEGs decoded, cropped and resized on the
+                                   # step's device: nvJPEG on cuda); auto: device on cuda where a
+                                   # start-up probe decodes faster there (derived.decode)
     },
     "optim": {
         "name": "sgd",             # sgd | adam | adamw | rmsprop
@@ -111,6 +115,7 @@ CHOICES = {
     "amp.level": {"O0", "O1", "O2"},
     "amp.dtype": {"float16", "bfloat16"},
     "amp.backend": {"auto", "apex", "native"},
+    "data.decode": {"auto", "workers", "device"},
 }
 FLAGS = {"optim.impl": "--optimizer", "data.path": "--data", "device": "--device", "amp.level": "--amp",
          "train.epochs": "--epochs", "output": "--output", "train.profile": "--profile",
@@ -316,19 +321,21 @@ def thaw(value):
     return [thaw(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
-def resolve(cfg, *, name="run", world=None, command_line=()):
+def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     """The run's read-only config: ``cfg``'s settings plus ``derived``, computed here once.
 
     derived: device (npu|cuda|cpu), world_size, global_batch, lr (optim.lr, scaled to the global
     batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the implementation that runs:
     loop|foreach|torch_fused|npu_fused|apex_npu_fused) and optimizer_class (what it is, for the log and
-    summary), amp_backend (none|native|apex), workers (data.workers,
-    auto resolved), compile (torch.compile's backend and mode, or None) and compile_why. ``output`` defaults to
+    summary), amp_backend (none|native|apex), workers (data.workers, auto resolved), decode and
+    decode_why (workers|device), compile (torch.compile's backend and mode, or None) and compile_why. ``output`` defaults to
     runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
-    what the flags of other scripts' dialects became (mobilenet.cli), kept for the log.
+    what the flags of other scripts' dialects became (mobilenet.cli), kept for the log. ``probe``:
+    whether a choice may measure the process's card (data.decode auto; not in the launcher's check).
     """
     from mobilenet.amp import choose_backend
     from mobilenet.data.datasets import auto_workers
+    from mobilenet.data.device_decode import choose_decode
     from mobilenet.device import choose_compile, choose_device
     from mobilenet.distributed import world_from_env
     from mobilenet.optim import choose_implementation, describe_optimizer
@@ -355,6 +362,8 @@ def resolve(cfg, *, name="run", world=None, command_line=()):
         cfg["train"]["compile"], device, eager_seconds=estimated_eager_seconds(cfg, device, global_batch),
         eager_only=eager_only(cfg, derived))
     derived["optimizer_class"] = describe_optimizer(optim["name"], derived["optimizer_implementation"])
+    derived["decode"], derived["decode_why"] = choose_decode(data["decode"], device, workers=derived["workers"],
+                                                             card=cfg["device_id"] or world.local_rank, probe=probe)
     check_combinations(cfg, derived)
     resolved = copy.deepcopy(cfg)
     resolved["output"] = cfg["output"] or f"runs/{name}-{optim['impl']}"

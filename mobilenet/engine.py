@@ -155,11 +155,11 @@ def build_run(cfg, world, device):
     torch.manual_seed(cfg["seed"] + world.rank)
     derived, data = cfg["derived"], cfg["data"]
     log = RunLogger(Path(cfg["output"]), enabled=world.is_main)
-    train_set, val_set = build_datasets(data, cfg["model"])
+    train_set, val_set = build_datasets(data, cfg["model"], decode=derived["decode"])
     worker_signals = WorkerSignals()
     train_loader, val_loader = build_loaders(train_set, val_set, data, cfg["seed"], world.rank,
                                              world.size, device.type != "cpu", worker_signals,
-                                             workers=derived["workers"])
+                                             workers=derived["workers"], decode=derived["decode"])
     limit = cfg["train"]["max_steps_per_epoch"]
     steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
     state = TrainingState(cfg, device, steps)

@@ -40,7 +40,7 @@ def check_config(args):
     os.environ.update(LOCAL_WORLD_SIZE=str(args.nproc_per_node),
                       WORLD_SIZE=str(node_count(args) * int(args.nproc_per_node)))
     try:
-        config_from_args(build_parser().parse_intermixed_args(args.training_script_args))
+        config_from_args(build_parser().parse_intermixed_args(args.training_script_args), probe=False)
     finally:
         for key in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
             del os.environ[key]

@@ -53,7 +53,8 @@ def run_description(cfg, *, device, images, steps):
             f"data {data['path']}: {images[0]} train / {images[1]} val images, batch {data['batch_size']} per "
             f"process x {derived['world_size']} = {derived['global_batch']} global, {steps} steps/epoch, "
             f"lr {derived['lr']:g}{scaled}",
-            f"data.workers {derived['workers']}{auto}; train.compile {derived['compile_why']}",
+            f"data.workers {derived['workers']}{auto}; data.decode {derived['decode_why']}; "
+            f"train.compile {derived['compile_why']}",
             *(f"command line: {note}" for note in derived["command_line"]),
             *([hint] if hint else [])]
 

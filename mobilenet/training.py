@@ -153,7 +153,8 @@ class TrainingState:
     def batches(self, loader):
         """``loader``'s uint8 batches on the device, normalised, in the layout and dtype the step takes."""
         return DevicePrefetcher(loader, self.device, self.cfg["derived"]["channels_last"],
-                                self.train_step.precision.input_dtype)
+                                self.train_step.precision.input_dtype,
+                                decode_on_device=self.cfg["derived"]["decode"] == "device")
 
     def train_on(self, images, labels):
         """One training step and the schedule's; returns the loss (on the device)."""

@@ -283,6 +283,15 @@ def test_workers_auto_sees_a_cpu_quota(tmp_path):
         procs.parent.rmdir()
 
 
+def test_decode_auto_takes_the_workers_off_cuda_and_says_why():
+    from mobilenet.data.device_decode import choose_decode
+    cfg = resolve(build_config(None, ["device=cpu", "data.path=/imagenet"]))
+    assert (cfg["data"]["decode"], cfg["derived"]["decode"]) == ("auto", "workers")
+    assert cfg["derived"]["decode_why"] == "workers (auto: decoding on the device is for cuda; this is cpu)"
+    assert choose_decode("device", "cpu", workers=3) == ("device", "device (data.decode=device)")
+    assert choose_decode("auto", "cuda", workers=3, probe=False)[0] == "workers"  # the launcher's check
+
+
 def test_compile_auto_compiles_where_it_pays_and_says_why():
     from mobilenet.device import COMPILE_MAX_SHARE, COMPILE_SECONDS, choose_compile
     long_run = COMPILE_SECONDS / COMPILE_MAX_SHARE

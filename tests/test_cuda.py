@@ -84,3 +84,16 @@ def test_device_id_picks_the_card_of_a_single_process(tmp_path, digits, capsys):
     assert f"device cuda:{last} (" in capsys.readouterr().out
     assert summary["device"] == "cuda" and torch.cuda.max_memory_allocated(last) > 0
     assert summary["peak_memory_mb"] == pytest.approx(torch.cuda.max_memory_allocated(last) / 2**20, abs=0.1)
+
+
+def test_device_decode_trains_on_cuda_and_auto_says_what_its_probe_found(tmp_path, digits, capsys):
+    """data.decode=device decodes with nvJPEG on the card (unrun until a GPU is lent); auto says
+    which way its start-up probe went, and config.yaml keeps auto beside the choice."""
+    summary = train_digits(digits, tmp_path / "device", "data.decode=device", "--epochs", "1", "train.max_steps=4")
+    assert summary["top1"] >= 0
+    capsys.readouterr()
+    train_digits(digits, tmp_path / "auto", "--epochs", "1", "train.max_steps=2")
+    said = capsys.readouterr().out
+    assert "data.decode device (auto: the probe decoded" in said or "data.decode workers (auto: the probe decoded" in said
+    config = (tmp_path / "auto" / "config.yaml").read_text()
+    assert "decode: auto" in config and "decode_why:" in config

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets
 
 from mobilenet.data.decode import EncodedImage, train_transform, val_transform
+from mobilenet.data.device_decode import ScreenedCrop, collate as collate_encoded
 from mobilenet.data.demo import DIGITS_ROOT, TRAIN_IMAGES as DIGITS_TRAIN_IMAGES, build_digits
 from mobilenet.data.samplers import ResumableSampler, ShardSampler
 from mobilenet.errors import UsageError, stop_signals
@@ -63,25 +64,27 @@ class ImageSamples(Dataset):
         self.transform, self.strict, self.leave_out = transform, strict, leave_out
         self.unreadable = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
         self.lock = multiprocessing.Lock()
-        self.cache = self.preload(cache_mb * 2**20) if cache_mb else {}
+        # under data.decode=device the cache keeps the files' bytes: the device decodes them
+        self.cache = self.preload(cache_mb * 2**20, decoded=not isinstance(transform, ScreenedCrop)) if cache_mb else {}
 
     def read(self, index):
         """The EncodedImage of sample ``index``, read now (an OSError or a decoder's error: unreadable)."""
         raise NotImplementedError
 
-    def preload(self, budget):
-        """{index: EncodedImage with its full-scale pixels} for the first images that fit in
-        ``budget`` bytes (data.cache_mb), read and decoded now, before the loader's workers fork
-        and share them. A cached image gives the same pixels as a fresh read (reduced-scale decodes
-        still come from its bytes), so caching never changes a run."""
+    def preload(self, budget, decoded=True):
+        """{index: EncodedImage with its full-scale pixels (``decoded``; else its bytes alone)} for
+        the first images that fit in ``budget`` bytes (data.cache_mb), read and decoded now, before
+        the loader's workers fork and share them. A cached image gives the same pixels as a fresh
+        read (reduced-scale decodes still come from its bytes), so caching never changes a run."""
         cache = {}
         for index, (path, _) in enumerate(self.samples):
             try:
                 image = self.read(index)
-                budget -= image.keep_full_scale()
+                budget -= image.keep_full_scale() if decoded else len(image.data)
                 if budget < 0:
                     break
-                image.decode(1)
+                if decoded:
+                    image.decode(1)
             except Exception as e:  # as in load()
                 self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
                 continue
@@ -99,10 +102,14 @@ class ImageSamples(Dataset):
             return None
         path, label = self.samples[index]
         try:
-            return self.transform(self.open(index), seed), label
+            image = self.transform(self.open(index), seed)
         except Exception as e:  # decoders raise many types for bad data; each is this image's problem
             self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
             return None
+        if hasattr(image, "_replace"):  # still encoded (data.decode=device): it carries its index
+            image = image._replace(index=index)
+        return image, label
+
 
     def report_unreadable(self, index, path, reason):
         if self.strict:
@@ -259,8 +266,9 @@ def image_folder(root, subset, transform, strict, leave_out=None, cache_mb=0, fl
         raise UsageError(f"{flag} {root}: {subset}: {e}") from None
 
 
-def build_datasets(data, model):
-    """(train, val) datasets for ``data.path``: a folder, 'synthetic' or 'digits'."""
+def build_datasets(data, model, decode="workers"):
+    """(train, val) datasets for ``data.path``: a folder, a prepared set, 'synthetic' or 'digits'.
+    ``decode``: derived.decode (device: the workers hand JPEGs over still encoded)."""
     path, resolution = data["path"], model["resolution"]
     if path is None:
         raise UsageError("no dataset: pass --data /path/to/imagenet, --data synthetic or --data digits")
@@ -270,19 +278,20 @@ def build_datasets(data, model):
                 SyntheticImages(val_size, resolution, model["num_classes"], seed=1))
     if path == "digits":
         path = DIGITS_ROOT if DIGITS_ROOT.is_dir() else build_digits()
+    train_crop = train_transform(resolution, data["min_scale"], data["hflip"])
+    val_crop = val_transform(resolution, data["val_resize_ratio"])
+    if decode == "device":
+        train_crop, val_crop = ScreenedCrop(train_crop, train=True), ScreenedCrop(val_crop, train=False)
     from mobilenet.data import prepared  # it builds on this module
     if prepared.is_unfinished(path):
         raise UsageError(f"--data {path}: its preparation did not finish (no {prepared.MANIFEST}); run "
                          f"scripts/prepare_data.py with the same SRC and DST again to complete it")
     if prepared.is_prepared(path):
-        train, val = prepared.prepared_datasets(
-            path, train_transform(resolution, data["min_scale"], data["hflip"]),
-            val_transform(resolution, data["val_resize_ratio"]), data, (3, resolution, resolution))
+        train, val = prepared.prepared_datasets(path, train_crop, val_crop, data, (3, resolution, resolution))
         return checked(train, val, path, model)
-    train = image_folder(path, "train", train_transform(resolution, data["min_scale"], data["hflip"]),
-                         data["strict"], cache_mb=data["cache_mb"])
-    val = image_folder(path, "val", val_transform(resolution, data["val_resize_ratio"]), data["strict"],
-                       leave_out=(3, resolution, resolution), cache_mb=data["cache_mb"])
+    train = image_folder(path, "train", train_crop, data["strict"], cache_mb=data["cache_mb"])
+    val = image_folder(path, "val", val_crop, data["strict"], leave_out=(3, resolution, resolution),
+                       cache_mb=data["cache_mb"])
     return checked(train, val, path, model)
 
 
@@ -446,12 +455,14 @@ def count_train_images(data, limit):
 
 
 def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False,
-                  worker_signals=None, workers=0):
+                  worker_signals=None, workers=0, decode="workers"):
     """Train: a seeded, resumable shuffle per epoch, full batches. Val: this process's exact share.
     ``workers``: loader processes each (derived.workers); ``worker_signals``: a WorkerSignals
-    whose protection the workers follow."""
+    whose protection the workers follow; ``decode``: derived.decode (device: batches of encoded
+    JPEGs and the images decoded in the workers, mobilenet.data.device_decode)."""
     common = {"num_workers": workers, "pin_memory": pin_memory, "persistent_workers": workers > 0,
-              "worker_init_fn": worker_signals.worker_init if worker_signals else None}
+              "worker_init_fn": worker_signals.worker_init if worker_signals else None,
+              "collate_fn": collate_encoded if decode == "device" else None}
     sampler = ResumableSampler(len(train_set), rank, world, seed)
     train = DataLoader(train_set, batch_size=data["batch_size"], sampler=sampler, drop_last=True,
                        **common)

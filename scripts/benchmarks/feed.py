@@ -2,13 +2,13 @@
 ImageNet's are, and over the prepared set made from it (scripts/prepare_data.py).
 
 python scripts/bench.py feed [--data DIR] [--images 768] [--resolution 224] [--batch-size 64]
-                             [--steps 8] [--rounds 3] [--json FILE] [key.sub=value ...]
+                             [--steps 8] [--max-sides N ...] [--rounds 3] [--json FILE] [key.sub=value ...]
 Without --data it writes the photos (benchmarks.harness.write_imagenet_like: quality 96, 4:4:4,
 three quarters 500x375, the rest larger, grayscale or CMYK; the folder's MIX.json says the mix),
 then prepares them at the default settings. For each source:
   cost     one core's milliseconds per image, every image once in one thread: read (the file, or
            the memory map's slice, and the header), decode, crop and resize (with the flip), and
-           collation into a batch
+           collation into a batch; also for sets prepared at each of --max-sides
   feed     img/s the app's train loader delivers alone, with 0 workers, 1, every usable core, and
            what data.workers auto takes (after each loader's first batch, two epochs)
   training the app's loop (engine.run) from the source against synthetic images in the same rounds:
@@ -26,13 +26,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def sources(args, tmp):
-    """{"folder": root, "prepared": root}: the photos (written unless --data) and their prepared set."""
+    """{"folder": root, "prepared": root, "prepared N": root ...}: the photos (written unless --data),
+    their prepared set at the default settings, and one more for each other --max-sides."""
     from benchmarks.harness import write_imagenet_like
     from mobilenet.data.prepared import prepare
     folder = Path(args.data) if args.data else write_imagenet_like(Path(tmp) / "photos", args.images)
-    prepared = Path(tmp) / "prepared"
-    prepare(folder, prepared, say=lambda line, end="\n": None)
-    return {"folder": folder, "prepared": prepared}
+    made = {"folder": folder}
+    for side in [DEFAULT_SIDE, *(side for side in args.max_sides if side != DEFAULT_SIDE)]:
+        name = "prepared" if side == DEFAULT_SIDE else f"prepared {side}"
+        made[name] = Path(tmp) / name.replace(" ", "-")
+        prepare(folder, made[name], max_side=side, say=lambda line, end="\n": None)
+    return made
+
+
+DEFAULT_SIDE = 384  # scripts/prepare_data.py's --max-side
 
 
 def train_set(root, resolution):
@@ -118,6 +125,7 @@ def main(argv=None):
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--steps", type=int, default=8, help="training steps measured (after a warm-up interval)")
+    p.add_argument("--max-sides", type=int, nargs="*", default=[], help="also the cost of sets prepared at these")
     args, overrides = p.parse_known_args(argv)
     import torch
 
@@ -134,34 +142,37 @@ def main(argv=None):
                                 for name, dataset in sets.items()}, args.rounds)
         finally:
             torch.set_num_threads(threads)
+        main_sources = {name: root for name, root in roots.items() if name in ("folder", "prepared")}
         counts = {name: {"0": 0, "1": 1, f"{cores} (every usable core)": cores,
                          f"{auto_workers(dict(path=str(root), cache_mb=0), 1)} (auto)":
                              auto_workers(dict(path=str(root), cache_mb=0), 1)}
-                  for name, root in roots.items()}
+                  for name, root in main_sources.items()}
         feed = interleave({f"{name}|{label}": feed_rate(sets[name], args.batch_size, workers)
-                           for name in sets for label, workers in counts[name].items()}, args.rounds)
+                           for name in main_sources for label, workers in counts[name].items()}, args.rounds)
         recipe = ROOT / "configs" / "imagenet.yaml"
         classes = len(classes_of(roots["folder"]))
         common = [f"model.resolution={args.resolution}", f"model.num_classes={classes}",
                   f"data.batch_size={args.batch_size}", *overrides]
         runs = {name: (lambda path=path: training_rate(recipe, [*common, f"data.path={path}"], args.steps * 2,
                                                       args.steps))
-                for name, path in (("synthetic", "synthetic"), *((n, str(r)) for n, r in roots.items()))}
+                for name, path in (("synthetic", "synthetic"), *((n, str(r)) for n, r in main_sources.items()))}
         training = interleave(runs, args.rounds)
-    print(f"{cpu_model()}; {cores} usable cores; {len(sets['folder'])} photos "
-          f"({(Path(roots['folder']) / 'MIX.json').read_text().strip() if not args.data else args.data})")
-    report = {"cores": cores, "cost": {}, "feed": {}, "training": {}}
+        mix = (Path(roots["folder"]) / "MIX.json").read_text() if not args.data else args.data
+    print(f"{cpu_model()}; {cores} usable cores; {len(sets['folder'])} photos: {' '.join(mix.split())}")
+    report = {"cores": cores, "photos": mix, "cost": {}, "feed": {}, "training": {}}
     stages = list(costs.values[0]["folder"])
     for name in sets:
         report["cost"][name] = {stage: costs.median(name, stage) for stage in stages}
-    report["cost_ratio"] = sum(report["cost"]["folder"].values()) / sum(report["cost"]["prepared"].values())
+    report["cost_ratio"] = {name: sum(report["cost"]["folder"].values()) / sum(cost.values())
+                            for name, cost in report["cost"].items() if name != "folder"}
     print(f"\ncost, one core, {args.resolution} px ({costs.describe()}):")
     print(markdown_table(["source", *(f"{stage} ms" for stage in stages), "total ms"],
                          [[name, *(f"{cost[s]:.3f}" for s in stages), f"{sum(cost.values()):.3f}"]
                           for name, cost in report["cost"].items()]))
-    print(f"a core feeds {report['cost_ratio']:.2f}x as many images from the prepared set as from the folder")
+    for name, ratio in report["cost_ratio"].items():
+        print(f"a core feeds {ratio:.2f}x as many images from the {name} set as from the folder")
     print(f"\nfeed alone, batch {args.batch_size} ({feed.describe()}):")
-    for name in sets:
+    for name in main_sources:
         for label in counts[name]:
             report["feed"][f"{name}|{label}"] = {"img_per_s": feed.median(f"{name}|{label}"),
                                                   "spread": feed.spread(f"{name}|{label}")}

@@ -1,0 +1,222 @@
+"""data.decode=device: JPEGs decoded on the step's device, then cropped, resized and flipped there.
+
+The loader's workers read each file, screen it from its header and draw its crop box and flip from
+the sample's seed exactly as the workers path does (TrainCrop.params, then the flip); baseline
+YCbCr or grayscale JPEGs travel as their bytes, anything else (progressive or CMYK JPEGs, PNGs
+named .JPEG, files that cannot be read) is decoded in the worker as today, with today's warnings.
+The main process decodes each batch's JPEGs with torchvision's decode_jpeg on the device (nvJPEG
+on cuda, its hardware decoder where the GPU has one; libjpeg-turbo on cpu, the same code), in a
+host thread of its own (decode_jpeg blocks its thread until the batch is done), crops and resizes
+each sample with antialiased bilinear on float (CUDA's antialiased resize takes no uint8), rounds
+to uint8 and hands the batch to the prefetcher's normalisation. It decodes whole images (no ROI
+decode) and so never at reduced scale: where the workers path decodes at 1/2, 1/4 or 1/8 the
+pixels differ more (tests/test_device_decode.py states the tolerance in numbers).
+
+torchvision 0.29 (our pin) marks its image decoding deprecated in favour of TorchCodec; decode_jpeg
+still works there and in 0.26 (the GPU machine's), and the warning is silenced here, once.
+Ascend: torchvision_npu's DVPP decodes one image per call in each loader worker and copies it back
+to the host (../shared/NOTES.md), so it fits the workers path, not this one; a batched DVPP decode
+would take this module's place behind the same DeviceDecoder interface (unbuilt: no card here).
+"""
+import random
+import warnings
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+SOF_BASELINE = (0xC0, 0xC1)  # baseline and extended sequential DCT: what nvJPEG batches
+SOF_OTHER = (0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)  # progressive, lossless, ...
+
+
+def is_baseline(data):
+    """Whether JPEG ``data`` is sequential (baseline) by its first frame header; progressive and the
+    rest go to the worker's decoder (nvJPEG sends them one by one through its slow hybrid path)."""
+    position = 2
+    while position + 4 <= len(data):
+        if data[position] != 0xFF:
+            return False
+        marker = data[position + 1]
+        if marker in SOF_BASELINE:
+            return True
+        if marker in SOF_OTHER or marker == 0xDA:  # another frame kind, or the scan before any frame
+            return False
+        position += 2 + int.from_bytes(data[position + 2:position + 4], "big")
+    return False
+
+
+class Encoded(NamedTuple):
+    """A sample for the device: its file's bytes, its crop box (top, left, height, width) in the
+    full image, or None for validation's resize and centre crop, whether it is flipped, and its
+    index in the dataset (set by the dataset: to report it if it cannot be decoded)."""
+    data: torch.Tensor
+    box: tuple | None
+    flip: bool
+    index: int = -1
+
+
+class ScreenedCrop:
+    """The worker's side of data.decode=device around a TrainCrop or ValCrop: an Encoded for a
+    baseline YCbCr or grayscale JPEG, the crop's own uint8 output (decoded here) for anything else."""
+
+    def __init__(self, crop, train):
+        self.crop, self.train = crop, train
+
+    def __call__(self, image, seed=None):
+        if not (image.turbo and is_baseline(image.data)):
+            return self.crop(image, seed)
+        data = torch.frombuffer(bytearray(image.data), dtype=torch.uint8)
+        if not self.train:
+            return Encoded(data, None, False)
+        rng = random.Random(seed)  # the draws of TrainCrop.__call__, in its order
+        box = self.crop.params(image.height, image.width, rng)
+        return Encoded(data, box, bool(self.crop.hflip and rng.random() < 0.5))
+
+
+@dataclass
+class EncodedBatch:
+    """A batch in which some samples are still encoded: ``decoded`` the worker-decoded images
+    (k, 3, S, S) at positions ``decoded_at``, ``encoded`` the rest at ``encoded_at``."""
+    labels: torch.Tensor
+    decoded: torch.Tensor | None
+    decoded_at: list
+    encoded: list = field(default_factory=list)
+    encoded_at: list = field(default_factory=list)
+
+    def pin_memory(self):  # the DataLoader's pinning (cuda): the bytes stay where they are
+        if self.decoded is not None:
+            self.decoded = self.decoded.pin_memory()
+        return self
+
+    def __len__(self):
+        return len(self.labels)
+
+
+def collate(samples):
+    """The DataLoader's collate_fn under data.decode=device: [(image or Encoded, label)] -> EncodedBatch."""
+    decoded_at = [i for i, (image, _) in enumerate(samples) if not isinstance(image, Encoded)]
+    encoded_at = [i for i, (image, _) in enumerate(samples) if isinstance(image, Encoded)]
+    return EncodedBatch(labels=torch.tensor([label for _, label in samples]),
+                        decoded=torch.stack([samples[i][0] for i in decoded_at]) if decoded_at else None,
+                        decoded_at=decoded_at, encoded=[samples[i][0] for i in encoded_at], encoded_at=encoded_at)
+
+
+def decode_jpegs(datas, device):
+    """torchvision's decode_jpeg of a list of byte tensors to RGB on ``device``; for a list that
+    fails as a whole (one bad file fails all), each on its own: (images, {position: error})."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
+        try:
+            return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device), {}
+        except RuntimeError:
+            images, errors = [], {}
+            for position, data in enumerate(datas):
+                try:
+                    images.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+                except RuntimeError as e:
+                    images.append(None)
+                    errors[position] = e
+            return images, errors
+
+
+def resized(pixels, height, width):
+    """uint8 CHW -> height x width: antialiased bilinear on float, rounded back to uint8."""
+    out = F.interpolate(pixels[None].float(), size=(height, width), mode="bilinear", antialias=True,
+                        align_corners=False)[0]
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+class DeviceDecoder:
+    """``decoder(batch)`` -> (uint8 images (B, 3, S, S) on ``device``, labels): the Encoded samples of
+    an EncodedBatch decoded and cropped there (train: the drawn box, resized, flipped; validation:
+    the shorter side resized to ``val_side``, centre-cropped), the worker-decoded ones copied. A file
+    that fails to decode is reported through ``dataset`` (one warning, or data.strict's error) and
+    its place taken by the batch's first good sample (training) or a blank image labelled -1
+    (validation, left out of the accuracy)."""
+
+    def __init__(self, dataset, device, size, val_side=None):
+        self.dataset, self.device, self.size, self.val_side = dataset, device, size, val_side
+
+    def __call__(self, batch):
+        out = torch.empty((len(batch), 3, self.size, self.size), dtype=torch.uint8, device=self.device)
+        labels = batch.labels.clone()
+        if batch.decoded is not None:
+            out[batch.decoded_at] = batch.decoded.to(self.device, non_blocking=True)
+        images, errors = decode_jpegs([sample.data for sample in batch.encoded], self.device)
+        for position, (at, sample, pixels) in enumerate(zip(batch.encoded_at, batch.encoded, images)):
+            if pixels is None:
+                continue
+            if sample.box is None:
+                out[at] = self.centre(pixels)
+            else:
+                top, left, height, width = sample.box
+                crop = resized(pixels[:, top:top + height, left:left + width], self.size, self.size)
+                out[at] = crop.flip(-1) if sample.flip else crop
+        for position, error in errors.items():
+            self.replace(out, labels, batch.encoded_at[position], batch.encoded[position].index, error)
+        return out, labels
+
+    def centre(self, pixels):
+        """ValCrop's resize and centre crop, of the full-scale image."""
+        height, width = pixels.shape[1:]
+        short, long = (height, width) if height <= width else (width, height)
+        long = int(self.val_side * long / short)
+        pixels = resized(pixels, *((self.val_side, long) if height <= width else (long, self.val_side)))
+        top = int(round((pixels.shape[1] - self.size) / 2.0))
+        left = int(round((pixels.shape[2] - self.size) / 2.0))
+        return pixels[:, top:top + self.size, left:left + self.size]
+
+    def replace(self, out, labels, at, index, error):
+        self.dataset.report_unreadable(index, self.dataset.samples[index][0], f"{type(error).__name__}: "
+                                       f"{str(error).strip().splitlines()[0][:200]}")
+        if self.val_side is not None:
+            out[at], labels[at] = 0, -1
+            return
+        good = next((i for i in range(len(labels)) if i != at and labels[i] >= 0), None)
+        if good is not None:
+            out[at], labels[at] = out[good], labels[good]
+
+
+PROBE_IMAGES = 16  # baseline JPEGs of ImageNet's common size, for data.decode auto on cuda
+
+
+def choose_decode(setting, device_type, *, workers, card=0, probe=True):
+    """('workers' or 'device', why) for data.decode ``setting``. auto: device on cuda when a probe
+    decodes PROBE_IMAGES baseline 500x375 JPEGs on the process's card faster than its loader's
+    ``workers`` decode them on the host (one core each), else workers: on cpu and npu always (the
+    npu has no batched decode here). ``probe=False`` (the launcher's own check): no probe, no card
+    touched; the training processes decide."""
+    if setting != "auto":
+        return setting, f"{setting} (data.decode={setting})"
+    if device_type != "cuda":
+        return "workers", f"workers (auto: decoding on the device is for cuda; this is {device_type})"
+    if not probe:
+        return "workers", "workers (auto: decided by each training process's probe)"
+    device_ms, host_ms = probe_decode(torch.device("cuda", card))
+    host_ms /= max(1, workers)
+    choice = "device" if device_ms < host_ms else "workers"
+    return choice, (f"{choice} (auto: the probe decoded {PROBE_IMAGES} JPEGs in {device_ms:.1f} ms on "
+                    f"cuda:{card}, {host_ms:.1f} ms with {max(1, workers)} worker(s))")
+
+
+def probe_decode(device):
+    """(ms to decode the probe's JPEGs on ``device``, ms on one host core), after a warm-up each."""
+    import time
+
+    import simplejpeg
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (375, 500, 3), dtype=torch.uint8, generator=generator)
+    pixels = F.avg_pool2d(pixels.permute(2, 0, 1)[None].float(), 9, 1, 4)[0].permute(1, 2, 0).to(torch.uint8)
+    data = simplejpeg.encode_jpeg(pixels.contiguous().numpy(), quality=90, colorsubsampling="420")
+    batch = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for _ in range(PROBE_IMAGES)]
+    timings = []
+    for decode in (lambda: decode_jpegs(batch, device), lambda: [simplejpeg.decode_jpeg(data) for _ in batch]):
+        decode()
+        start = time.perf_counter()
+        decode()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timings.append(1000 * (time.perf_counter() - start))
+    return tuple(timings)
