@@ -82,6 +82,25 @@ def test_bench_data_runs(tmp_path, capsys):
     assert "| this app |" in capsys.readouterr().out
 
 
+def test_bench_feed_runs_every_part_on_imagenet_like_photos(tmp_path, capsys):
+    """bench.py feed, small: the photos' mix, the cost by stage (the prepared set's per image below
+    the folder's), the feed by loader workers, training from each source and decode against synthetic."""
+    out = tmp_path / "feed.json"
+    report = benchmark("feed").main(["--images", "32", "--resolution", "32", "--batch-size", "8", "--steps", "2",
+                                     "--rounds", "1", "--max-sides", "256", "--json", str(out), "model.width_mult=0.25",
+                                     "amp.level=O0", "device=cpu"])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert set(report["cost"]) == {"folder", "prepared", "prepared 256"}
+    assert set(report["cost"]["folder"]) == {"read", "decode", "crop/resize", "collation"}
+    assert report["cost_ratio"]["prepared"] > 1  # quality 96, 4:4:4, 500x375 and more, against 384 px 4:2:0
+    assert {key.split("|")[1] for key in report["feed"]} >= {"0", "1"}
+    assert set(report["training"]) == {"synthetic", "folder, decode workers", "folder, decode device",
+                                       "prepared, decode workers", "prepared, decode device"}
+    assert all(0 <= run["data_wait"] <= 1 and run["img_per_s"] > 0 for run in report["training"].values())
+    printed = capsys.readouterr().out
+    assert '"CMYK"' in printed and "| folder | 0 |" in printed
+
+
 def test_ceiling_compares_the_app_with_plain_loops_on_the_same_loader(tmp_path, capsys):
     """The suite's share of bench.py ceiling: its eager variants on the cpu at a tiny size."""
     out = tmp_path / "ceiling.json"

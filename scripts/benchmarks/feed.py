@@ -11,8 +11,9 @@ then prepares them at the default settings. For each source:
            collation into a batch; also for sets prepared at each of --max-sides
   feed     img/s the app's train loader delivers alone, with 0 workers, 1, every usable core, and
            what data.workers auto takes (after each loader's first batch, two epochs)
-  training the app's loop (engine.run) from the source against synthetic images in the same rounds:
-           img/s, the ratio to synthetic and the share of the time spent waiting for data
+  training the app's loop (engine.run) from the source, decoded by the loader's workers and on the
+           device (data.decode), against synthetic images in the same rounds: img/s, the ratio to
+           synthetic and the share of the time spent waiting for data
 key.sub=value settings apply to the training runs (the model, amp, optimizer, device); the
 recipe is configs/imagenet.yaml. Variants take turns (interleaved rounds, medians with min-max).
 """
@@ -40,6 +41,16 @@ def sources(args, tmp):
 
 
 DEFAULT_SIDE = 384  # scripts/prepare_data.py's --max-side
+
+
+def stored_kb(root):
+    """KB per training image as stored: the folder's files, or the prepared set's shards."""
+    from mobilenet.data.prepared import is_prepared, manifest
+    if is_prepared(root):
+        split = manifest(root)["splits"]["train"]
+        return split["bytes"] / split["images"] / 1024
+    sizes = [p.stat().st_size for p in (Path(root) / "train").rglob("*") if p.is_file()]
+    return sum(sizes) / len(sizes) / 1024
 
 
 def train_set(root, resolution):
@@ -153,11 +164,14 @@ def main(argv=None):
         classes = len(classes_of(roots["folder"]))
         common = [f"model.resolution={args.resolution}", f"model.num_classes={classes}",
                   f"data.batch_size={args.batch_size}", *overrides]
-        runs = {name: (lambda path=path: training_rate(recipe, [*common, f"data.path={path}"], args.steps * 2,
-                                                      args.steps))
-                for name, path in (("synthetic", "synthetic"), *((n, str(r)) for n, r in main_sources.items()))}
+        runs = {"synthetic": lambda: training_rate(recipe, [*common, "data.path=synthetic"], args.steps * 2, args.steps)}
+        for name, root in main_sources.items():
+            for decode in ("workers", "device"):
+                runs[f"{name}, decode {decode}"] = (lambda path=root, decode=decode: training_rate(
+                    recipe, [*common, f"data.path={path}", f"data.decode={decode}"], args.steps * 2, args.steps))
         training = interleave(runs, args.rounds)
         mix = (Path(roots["folder"]) / "MIX.json").read_text() if not args.data else args.data
+        sizes = {name: stored_kb(root) for name, root in roots.items()}
     print(f"{cpu_model()}; {cores} usable cores; {len(sets['folder'])} photos: {' '.join(mix.split())}")
     report = {"cores": cores, "photos": mix, "cost": {}, "feed": {}, "training": {}}
     stages = list(costs.values[0]["folder"])
@@ -166,8 +180,9 @@ def main(argv=None):
     report["cost_ratio"] = {name: sum(report["cost"]["folder"].values()) / sum(cost.values())
                             for name, cost in report["cost"].items() if name != "folder"}
     print(f"\ncost, one core, {args.resolution} px ({costs.describe()}):")
-    print(markdown_table(["source", *(f"{stage} ms" for stage in stages), "total ms"],
-                         [[name, *(f"{cost[s]:.3f}" for s in stages), f"{sum(cost.values()):.3f}"]
+    report["kb_per_image"] = sizes
+    print(markdown_table(["source", *(f"{stage} ms" for stage in stages), "total ms", "KB per image"],
+                         [[name, *(f"{cost[s]:.3f}" for s in stages), f"{sum(cost.values()):.3f}", f"{sizes[name]:.0f}"]
                           for name, cost in report["cost"].items()]))
     for name, ratio in report["cost_ratio"].items():
         print(f"a core feeds {ratio:.2f}x as many images from the {name} set as from the folder")
