@@ -17,9 +17,9 @@ from mobilenet.config import CHOICES, FLAGS, build_config, coerce_setting, parse
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
 from mobilenet.measure import PROFILED_STEPS
+from mobilenet.model import MODELS, model_name
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-ARCH_NAMES = {"mobilenet", "mobilenet_v1", "mobilenetv1"}
 AMP_LEVELS = tuple(sorted(CHOICES["amp.level"]))  # O0, O1, O2
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
@@ -107,7 +107,7 @@ def add_dialect_flags(p):
     g.add_argument("--dummy", action="store_true", default=None, help="synthetic data (--data synthetic)")
     g.add_argument("--no-accel", action="store_true", default=None, help="train on the cpu (--device cpu)")
     g.add_argument("-a", "--arch", metavar="ARCH",
-                   help="mobilenet, mobilenet_v1 or mobilenetv1 (the one model here); others refused")
+                   help=f"model.name: {', '.join(MODELS)} (mobilenet, ModelZoo's name, is mobilenet_v1)")
     g.add_argument("--pretrained", action="store_true", default=None,
                    help="refused: main.py downloads torchvision weights; here pass model.pretrained=FILE")
     g.add_argument("--apex", action="store_true", default=None,
@@ -197,10 +197,13 @@ def dialect_settings(args, processes):
         add("--dummy", {"data.path": "synthetic"})
     if args.no_accel:
         add("--no-accel", {"device": "cpu"})
-    if args.arch is not None and args.arch.lower() not in ARCH_NAMES:
-        raise UsageError(f"-a/--arch {args.arch}: this app trains MobileNetV1 only (mobilenet, "
-                         f"mobilenet_v1 or mobilenetv1); width and resolution are model.width_mult "
-                         f"and model.resolution")
+    if args.arch is not None:
+        name = model_name(args.arch)
+        if name is None:
+            raise UsageError(f"-a/--arch {args.arch}: this app trains {', '.join(MODELS)} (mobilenet is "
+                             f"mobilenet_v1, ModelZoo's); width and resolution are model.width_mult and "
+                             f"model.resolution")
+        add(f"-a/--arch {args.arch}", {"model.name": name})
     if args.pretrained:
         raise UsageError("--pretrained: main.py downloads torchvision's weights; here start from a "
                          "checkpoint file (ours or ModelZoo's): model.pretrained=FILE")
@@ -284,9 +287,9 @@ def split_positionals(positionals):
 
 
 def default_config(data):
-    if data is None or data == "digits":
-        return CONFIGS / "demo.yaml"
-    return CONFIGS / ("synthetic.yaml" if data == "synthetic" else "imagenet.yaml")
+    """The recipe of data.path's source (mobilenet.data.sources); the demo without a path."""
+    from mobilenet.data.sources import source_of
+    return CONFIGS / f"{source_of(data or 'digits').recipe}.yaml"
 
 
 def flag_settings(args, folder, processes):

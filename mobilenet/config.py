@@ -14,6 +14,7 @@ import yaml
 
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
+from mobilenet.model import MODELS, relative_cost
 from mobilenet.optim import ALGORITHMS
 
 DEFAULTS = {
@@ -23,7 +24,8 @@ DEFAULTS = {
     "device_id": None,             # the card of a single process (ModelZoo's --device_id); None: each
                                    # process takes its local rank's card
     "model": {
-        "width_mult": 1.0,
+        "name": "mobilenet_v1",    # mobilenet_v1 | the others of model.MODELS (torchvision's)
+        "width_mult": 1.0,         # channel width multiplier (models without one: noted, ignored)
         "num_classes": 1000,
         "resolution": 224,
         "channels_last": "auto",   # auto: on for cpu and cuda (measured faster), off for npu
@@ -109,7 +111,8 @@ DEFAULTS = {
 
 CHOICES = {
     "device": set(DEVICES),
-    "optim.name": set(ALGORITHMS),
+    "model.name": MODELS.keys(),
+    "optim.name": ALGORITHMS.keys(),  # live: an entry added to the table is a choice
     "optim.impl": {"standard", "fused"},
     "schedule.name": {"step", "cosine"},
     "amp.level": {"O0", "O1", "O2"},
@@ -334,7 +337,7 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     whether a choice may measure the process's card (data.decode auto; not in the launcher's check).
     """
     from mobilenet.amp import choose_backend
-    from mobilenet.data.datasets import auto_workers
+    from mobilenet.data.sources import auto_workers
     from mobilenet.data.device_decode import choose_decode
     from mobilenet.device import choose_compile, choose_device
     from mobilenet.distributed import world_from_env
@@ -359,9 +362,9 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     }
     # torch.compile's backend and mode for the device, or None: eager; and why
     derived["compile"], derived["compile_why"] = choose_compile(
-        cfg["train"]["compile"], device, eager_seconds=estimated_eager_seconds(cfg, device, global_batch),
-        eager_only=eager_only(cfg, derived))
-    derived["optimizer_class"] = describe_optimizer(optim["name"], derived["optimizer_implementation"])
+        cfg["train"]["compile"], device, steps=steps_counted_up_to(cfg, global_batch), batch=data["batch_size"],
+        cost=lambda: relative_cost(model), eager_only=eager_only(cfg, derived))
+    derived["optimizer_class"] = describe_optimizer(optim["name"], derived["optimizer_implementation"], optim["impl"])
     derived["decode"], derived["decode_why"] = choose_decode(data["decode"], device, workers=derived["workers"],
                                                              card=cfg["device_id"] or world.local_rank, probe=probe)
     check_combinations(cfg, derived)
@@ -388,26 +391,19 @@ def device_id_notes(device_id, device, world_size):
     return []
 
 
-def estimated_eager_seconds(cfg, device, global_batch):
-    """The run's eager training time on cuda, estimated from its steps (for train.compile auto); a
-    folder's images are counted only as far as the decision needs, so a long run's figure is a
-    lower bound."""
-    from mobilenet.data.datasets import count_train_images
-    from mobilenet.device import eager_seconds_estimate, eager_seconds_worth_compiling
-    data, train, model = cfg["data"], cfg["train"], cfg["model"]
-    if cfg["train"]["compile"] != "auto" or device != "cuda":
-        return 0.0
-    step_seconds = eager_seconds_estimate(1, data["batch_size"], model["width_mult"], model["resolution"])
-    steps_that_decide = math.ceil(eager_seconds_worth_compiling() / step_seconds / train["epochs"]) + 1
-    images = count_train_images(data, limit=steps_that_decide * global_batch)  # an epoch that holds
-    # them makes the run long enough to compile, whatever the folder holds beyond
-    steps_per_epoch = images // global_batch
-    if train["max_steps_per_epoch"]:
-        steps_per_epoch = min(steps_per_epoch, train["max_steps_per_epoch"])
-    steps = train["epochs"] * steps_per_epoch
-    if train["max_steps"]:
-        steps = min(steps, train["max_steps"])
-    return eager_seconds_estimate(steps, data["batch_size"], model["width_mult"], model["resolution"])
+def steps_counted_up_to(cfg, global_batch):
+    """A function: the run's training steps, its images counted only up to ``limit`` steps' worth
+    (a folder is listed, not read; a run that holds more is long enough for what asks)."""
+    from mobilenet.data.sources import train_images
+    data, train = cfg["data"], cfg["train"]
+
+    def steps(limit):
+        per_epoch = train_images(data, limit * global_batch) // global_batch
+        if train["max_steps_per_epoch"]:
+            per_epoch = min(per_epoch, train["max_steps_per_epoch"])
+        every = train["epochs"] * per_epoch
+        return min(every, train["max_steps"]) if train["max_steps"] else every
+    return steps
 
 
 def eager_only(cfg, derived):
@@ -421,8 +417,7 @@ def eager_only(cfg, derived):
 
 def check_combinations(cfg, derived):
     """Settings that are valid alone but not together."""
-    from mobilenet.model import final_feature_size
-    side = final_feature_size(cfg["model"]["resolution"])
+    side = MODELS[cfg["model"]["name"]].last_side(cfg["model"]["resolution"])
     if cfg["data"]["batch_size"] * side * side == 1 and not cfg["train"]["freeze_bn"]:
         raise UsageError(f"data.batch_size=1 at model.resolution={cfg['model']['resolution']}: the last "
                          f"BatchNorm would normalise one value per channel (a {side}x{side} map); use a "

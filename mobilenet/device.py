@@ -1,4 +1,6 @@
-"""Backends: npu (torch_npu, imported lazily), cuda and cpu."""
+"""The device: which one trains (npu with torch_npu imported lazily, cuda, cpu) and opening its card;
+torch.compile's backend per device and the train.compile auto decision; the CPU's model and its
+bfloat16 units, and the bf16 advice that reads them."""
 import importlib
 import importlib.util
 import os
@@ -55,30 +57,27 @@ def compile_backend(device_type):
 # train.compile auto on cuda, from one H200 (2026-12-04, torch 2.11, scripts/bench_device.sh
 # compiled, ceiling, loop): compiling the model and the optimizer step (the app's first compiled
 # run took 28.5 s, an eager one 3.3 s), and the eager step: the host's floor (batch 64 took 9-15
-# ms, host-bound) or the images at width 1.0 / 224 px at the eager rate (9,450-14,443 img/s at
-# batch 256), scaled by the multiply-adds.
+# ms, host-bound) or the images of MobileNetV1 at width 1.0 / 224 px at the eager rate (9,450-14,443
+# img/s at batch 256), scaled by the model's multiply-adds (model.relative_cost).
 COMPILE_SECONDS = 25.0
 EAGER_HOST_STEP_S = 0.010
 EAGER_IMG_PER_S = 12000.0
 COMPILE_MAX_SHARE = 0.05  # compiling is worth it when it is at most this share of the run
 
 
-def eager_seconds_estimate(steps, batch, width_mult, resolution):
-    """A cuda run's eager training time, estimated: per step, the host floor or the work."""
-    work = batch * width_mult ** 2 * (resolution / 224) ** 2 / EAGER_IMG_PER_S
-    return steps * max(EAGER_HOST_STEP_S, work)
+def eager_seconds_estimate(steps, batch, cost):
+    """A cuda run's eager training time, estimated: per step, the host floor or the work of
+    ``batch`` images of a model ``cost`` times MobileNetV1's at width 1.0 / 224 px."""
+    return steps * max(EAGER_HOST_STEP_S, batch * cost / EAGER_IMG_PER_S)
 
 
-def eager_seconds_worth_compiling():
-    """The estimated eager time from which compiling is at most COMPILE_MAX_SHARE of the run."""
-    return COMPILE_SECONDS / COMPILE_MAX_SHARE - COMPILE_SECONDS
-
-
-def choose_compile(setting, device_type, *, eager_seconds, eager_only=None):
+def choose_compile(setting, device_type, *, steps, batch, cost, eager_only=None):
     """(torch.compile's {backend, mode} or None, why) for train.compile ``setting`` (auto, true,
-    false). auto: on for cuda when compiling is at most COMPILE_MAX_SHARE of the run
-    (``eager_seconds``: its estimated eager time); off on cpu (measured slower), on npu (torchair
-    has not run here) and where ``eager_only`` names what needs the eager step."""
+    false), the one home of that decision. auto: on for cuda when compiling is at most
+    COMPILE_MAX_SHARE of the run, whose eager time is estimated from ``steps(limit)`` (the run's
+    steps, counted up to ``limit``: a long run's figure is a lower bound), ``batch`` and the model's
+    ``cost()`` (model.relative_cost, asked only here); off on cpu (measured slower), on npu (torchair has not run here) and where
+    ``eager_only`` names what needs the eager step."""
     if setting is not True and setting != "auto":
         return None, "off (train.compile=false)"
     if setting is True:
@@ -89,11 +88,12 @@ def choose_compile(setting, device_type, *, eager_seconds, eager_only=None):
         return None, "off (auto: on cpu the compiled step measured 0.77x eager at width 1.0 / 224)"
     if device_type == "npu":
         return None, "off (auto: torchair, the npu backend, has not run on an Ascend card here)"
+    worth, cost = COMPILE_SECONDS / COMPILE_MAX_SHARE - COMPILE_SECONDS, cost()  # from which it pays
+    eager_seconds = eager_seconds_estimate(steps(int(worth / eager_seconds_estimate(1, batch, cost)) + 1), batch, cost)
     share = COMPILE_SECONDS / (COMPILE_SECONDS + eager_seconds)
     if share > COMPILE_MAX_SHARE:
         return None, (f"off (auto: compiling (~{COMPILE_SECONDS:.0f} s) is ~{share:.0%} of this run "
                       f"(~{eager_seconds:.0f} s eager, estimated)")
-    # a long run's image count stops where the decision is made: its figures are bounds
     return compile_backend(device_type), (f"on (auto: compiling (~{COMPILE_SECONDS:.0f} s) is ~{share:.0%} "
                                           f"or less of this run (~{eager_seconds:.0f} s or more eager, "
                                           f"estimated)")
@@ -172,23 +172,26 @@ BF16_MIN_BATCH = 32   # smaller batches were not measured
 
 def bf16_hint(cfg, features=None):
     """A hint line for a cpu run at O0 on a CPU with AMX-BF16 (``features``: cpu_bf16_features()
-    unless given) whose model is at least as large, in width and resolution, as a measured
-    one where bf16 paid; None otherwise. Of the measured models no larger than this one, the one
-    with the most multiply-adds (width^2 x resolution^2) decides."""
+    unless given) whose model takes at least the multiply-adds of a measured one where bf16 paid;
+    None otherwise. Of the measured models no larger than this one (by multiply-adds, which the
+    model table counts), the largest decides."""
+    from mobilenet.model import multiply_adds
     model, batch = cfg["model"], cfg["data"]["batch_size"]
     features = cpu_bf16_features() if features is None else features
     if (cfg["derived"]["device"] != "cpu" or cfg["amp"]["level"] != "O0" or "AMX-BF16" not in features
             or batch < BF16_MIN_BATCH):
         return None
-    smaller = [(w, r) for w, r in BF16_GAIN if w <= model["width_mult"] and r <= model["resolution"]]
+    own = multiply_adds(model["name"], model["width_mult"], model["resolution"])
+    measured = {key: multiply_adds("mobilenet_v1", *key) for key in BF16_GAIN}
+    smaller = [key for key, macs in measured.items() if macs <= own]
     if not smaller:
         return None
-    width, resolution = max(smaller, key=lambda wr: wr[0] ** 2 * wr[1] ** 2)
+    width, resolution = max(smaller, key=measured.get)
     gain = BF16_GAIN[width, resolution]
     if gain < BF16_PAYS:
         return None
-    return (f"hint: this CPU has AMX-BF16 units; bfloat16 trained {gain:.2f}x as fast as fp32 at width "
-            f"{width:g} / {resolution} px, batch 32 (measured on a 2-core Sapphire Rapids): try --amp O1 "
+    return (f"hint: this CPU has AMX-BF16 units; bfloat16 trained {gain:.2f}x as fast as fp32 with MobileNetV1 at "
+            f"width {width:g} / {resolution} px, batch 32 (measured on a 2-core Sapphire Rapids): try --amp O1 "
             f"amp.dtype=bfloat16")
 
 

@@ -18,6 +18,7 @@ from mobilenet.checkpoint import save_atomic
 from mobilenet.config import thaw
 from mobilenet.device import bf16_hint, describe
 from mobilenet.errors import TrainingFailure, UsageError
+from mobilenet.model import MODELS
 
 
 def clock(seconds):
@@ -56,6 +57,9 @@ def run_description(cfg, *, device, images, steps):
             f"data.workers {derived['workers']}{auto}; data.decode {derived['decode_why']}; "
             f"train.compile {derived['compile_why']}",
             *(f"command line: {note}" for note in derived["command_line"]),
+            *([f"model.width_mult {cfg['model']['width_mult']:g}: {cfg['model']['name']} has no width "
+               f"multiplier; it is built at its own width (the setting is ignored)"]
+              if not MODELS[cfg["model"]["name"]].has_width and cfg["model"]["width_mult"] != 1.0 else []),
             *([hint] if hint else [])]
 
 

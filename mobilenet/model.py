@@ -1,10 +1,15 @@
-"""MobileNetV1 (Howard et al. 2017, Table 1) with the Ascend ModelZoo parameter names.
+"""The models the app trains, one table (MODELS), and MobileNetV1 (Howard et al. 2017, Table 1)
+with the Ascend ModelZoo parameter names, the default.
 
-Layout: ``model`` is a Sequential of the stem conv (index 0), 13 depthwise-separable blocks
-(indices 1-13) and global average pooling (index 14); ``fc`` is the classifier. A stem is
+MobileNetV1's layout: ``model`` is a Sequential of the stem conv (index 0), 13 depthwise-separable
+blocks (indices 1-13) and global average pooling (index 14); ``fc`` is the classifier. A stem is
 ``[conv, bn, relu]``; a block is ``[dw conv, bn, relu, pw conv, bn, relu]``, so ModelZoo keys such
 as ``model.3.4.running_mean`` load unchanged.
 """
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -67,6 +72,68 @@ class MobileNetV1(nn.Module):
         return self.fc(torch.flatten(self.model(x), 1))
 
 
+def halvings(resolution, times):
+    """The side of a feature map after ``times`` stride-2 stages (padding keeps ceil(side / 2))."""
+    for _ in range(times):
+        resolution = (resolution - 1) // 2 + 1
+    return resolution
+
+
+def torchvision_model(name, width_mult, num_classes):
+    """torchvision's ``name`` with random weights; ``width_mult`` where the model takes one."""
+    import torchvision
+    width = {"width_mult": width_mult} if MODELS[name].has_width else {}
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **width)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model the app trains: its builder ``build(width_mult, num_classes)``, whether it takes
+    model.width_mult, the side of its last feature map at a resolution (what its last BatchNorm
+    normalises per image), its other names for -a/--arch, and ``weights(state)``: a checkpoint's
+    weights renamed to its own keys (a foreign layout; DataParallel's 'module.' prefix goes first)."""
+    build: Callable
+    has_width: bool
+    last_side: Callable
+    aliases: tuple = ()
+    weights: Callable = lambda state: state
+
+
+# The one table of models: model.name, -a/--arch, the checkpoints' "arch" and the benchmarks read it.
+MODELS = {
+    "mobilenet_v1": Model(lambda width, classes: MobileNetV1(width, classes), True, final_feature_size,
+                          aliases=("mobilenet", "mobilenetv1")),  # ModelZoo's own keys and arch name
+    "mobilenet_v2": Model(functools.partial(torchvision_model, "mobilenet_v2"), True, lambda r: halvings(r, 5)),
+    "resnet18": Model(functools.partial(torchvision_model, "resnet18"), False, lambda r: halvings(r, 5)),
+}
+
+
+def model_name(arch):
+    """The MODELS key for a name or alias (case as typed: ModelZoo's 'MobileNet' too), or None."""
+    arch = str(arch).lower()
+    return next((name for name, model in MODELS.items() if arch == name or arch in model.aliases), None)
+
+
+def build_model(model_cfg):
+    """The network of a ``model`` config section."""
+    spec = MODELS[model_cfg["name"]]
+    return spec.build(model_cfg["width_mult"], model_cfg["num_classes"])
+
+
+@functools.cache
+def multiply_adds(name, width_mult, resolution, num_classes=1000):
+    """Multiply-adds of one forward pass of model ``name`` (counted once per shape): how expensive it
+    is, for whatever asks (train.compile auto, the bf16 advice)."""
+    spec = MODELS[name]
+    return count_multiply_adds(spec.build(width_mult if spec.has_width else 1.0, num_classes), resolution)
+
+
+def relative_cost(model_cfg):
+    """The model's multiply-adds over MobileNetV1's at width 1.0 and 224 px (the measured anchor)."""
+    return (multiply_adds(model_cfg["name"], model_cfg["width_mult"], model_cfg["resolution"])
+            / multiply_adds("mobilenet_v1", 1.0, 224))
+
+
 def unwrap_state_dict(checkpoint):
     """Model weights from our checkpoints, ModelZoo ``.pth.tar`` dicts or bare state dicts.
 
@@ -76,31 +143,39 @@ def unwrap_state_dict(checkpoint):
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
-def load_weights(model, checkpoint, source="checkpoint"):
-    """Loads weights strictly; a shape or key mismatch is a UsageError naming ``source``."""
-    state = unwrap_state_dict(checkpoint)
+def load_weights(model, checkpoint, source="checkpoint", name="mobilenet_v1"):
+    """Loads weights strictly into ``model`` (of MODELS ``name``); a shape or key mismatch is a
+    UsageError naming ``source``."""
+    state = MODELS[name].weights(unwrap_state_dict(checkpoint))
     own = model.state_dict()
     missing = sorted(own.keys() - state.keys())
     unexpected = sorted(state.keys() - own.keys())
     if missing or unexpected:
-        raise UsageError(f"{source}: not a MobileNetV1 checkpoint (missing {missing[:3]}, "
+        raise UsageError(f"{source}: not a {name} checkpoint (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     for key, value in state.items():
         if value.shape != own[key].shape:
-            raise UsageError(f"{source}: {key} has shape {tuple(value.shape)}, the model "
-                             f"(width_mult={model.width_mult}, num_classes={model.num_classes}) "
+            built = (f" (width_mult={model.width_mult}, num_classes={model.num_classes})"
+                     if isinstance(model, MobileNetV1) else "")
+            raise UsageError(f"{source}: {key} has shape {tuple(value.shape)}, the {name} model{built} "
                              f"needs {tuple(own[key].shape)}")
     model.load_state_dict(state)
 
 
 def model_from_checkpoint(checkpoint, source="checkpoint"):
-    """A MobileNetV1 of the width and class count the weights have, with the weights loaded."""
+    """The model a checkpoint holds, with its weights: ours say which (their config); ModelZoo's
+    and bare weights are MobileNetV1s of the width and class count the weights have."""
+    model_cfg = (checkpoint.get("config") or {}).get("model")
+    if model_cfg and model_cfg.get("name", "mobilenet_v1") != "mobilenet_v1":
+        model = build_model(model_cfg)
+        load_weights(model, checkpoint, source, model_cfg["name"])
+        return model
     state = unwrap_state_dict(checkpoint)
     try:
         width = state["model.0.0.weight"].shape[0] / STEM_CHANNELS
         classes = state["fc.weight"].shape[0]
     except KeyError:
-        raise UsageError(f"{source}: not a MobileNetV1 checkpoint (no model.0.0.weight/fc.weight)") from None
+        raise UsageError(f"{source}: not a mobilenet_v1 checkpoint (no model.0.0.weight/fc.weight)") from None
     model = MobileNetV1(width, classes)
     load_weights(model, state, source)
     return model

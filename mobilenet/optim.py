@@ -1,18 +1,21 @@
-"""Optimizers: one table of algorithms, four implementations, and the LR schedules.
+"""Optimizers: one table of algorithms, one of implementations, and the LR schedules.
 
-Implementations of one algorithm, from most launches per step to fewest:
+An implementation is how an algorithm's step runs, from most launches per step to fewest:
   loop         torch's per-parameter for-loop (foreach=False): several small ops per tensor
   foreach      torch's multi-tensor path (foreach=True): one op per operation for all tensors
   torch_fused  torch's fused kernel (fused=True): one kernel for the whole update (cuda, cpu)
   npu_fused    torch_npu.optim.NpuFused*: params, grads and state combined into contiguous buffers
   apex_npu_fused  apex.optimizers.NpuFused* (Ascend's apex), whose buffers apex amp combines
+  plain        the class's own step, for a class that takes neither foreach nor fused
 ``optim.impl=standard`` runs what an unmodified torch optimizer runs on the device (torch chooses
 loop or foreach; ``optim.foreach`` forces one); ``fused`` runs the fused one the device has
-(torch_fused or npu_fused), or apex's under apex amp, as ModelZoo pairs them.
+(torch_fused or npu_fused), or apex's under apex amp, as ModelZoo pairs them; where the algorithm
+has no fused kernel, the fewest launches it has (foreach, else its plain step).
 """
 import importlib
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.optim.optimizer as torch_optimizer  # the module torch_npu patches
@@ -22,39 +25,57 @@ from mobilenet.device import import_torch_npu
 
 @dataclass(frozen=True)
 class Algorithm:
-    torch_class: type
-    npu_fused: str          # its class in torch_npu.optim and in apex.optimizers
-    hyperparameters: tuple  # optim.* settings it takes besides lr and weight_decay
-    fused_kernel: bool      # torch has a fused=True kernel for it
+    torch_class: type        # any torch.optim.Optimizer: a class outside torch too
+    hyperparameters: tuple   # optim.* settings it takes besides lr and weight_decay
+    kernels: tuple = ("foreach", "fused")  # the implementation flags its class takes
+    npu_fused: str = None    # its class in torch_npu.optim and in apex.optimizers, where there is one
 
 
+# The one table of algorithms (optim.name); adding one is an entry here.
 ALGORITHMS = {
-    "sgd": Algorithm(torch.optim.SGD, "NpuFusedSGD", ("momentum", "nesterov"), True),
-    "adam": Algorithm(torch.optim.Adam, "NpuFusedAdam", ("betas", "eps"), True),
-    "adamw": Algorithm(torch.optim.AdamW, "NpuFusedAdamW", ("betas", "eps"), True),
-    "rmsprop": Algorithm(torch.optim.RMSprop, "NpuFusedRMSprop", ("momentum", "alpha", "eps"), False),
+    "sgd": Algorithm(torch.optim.SGD, ("momentum", "nesterov"), npu_fused="NpuFusedSGD"),
+    "adam": Algorithm(torch.optim.Adam, ("betas", "eps"), npu_fused="NpuFusedAdam"),
+    "adamw": Algorithm(torch.optim.AdamW, ("betas", "eps"), npu_fused="NpuFusedAdamW"),
+    "rmsprop": Algorithm(torch.optim.RMSprop, ("momentum", "alpha", "eps"), ("foreach",), "NpuFusedRMSprop"),
 }
 
 
+def npu_fused_class(module_name):
+    return lambda algorithm, groups, kwargs: getattr(importlib.import_module(module_name) if module_name != "torch_npu"
+                                                     else import_torch_npu().optim, algorithm.npu_fused)(groups, **kwargs)
+
+
 @dataclass(frozen=True)
-class Implies:
-    """What an optimizer implementation implies for the rest of the step: the one table of it."""
-    grads_to_none: bool    # zero_grad(set_to_none=True); NpuFused* keep the grads in their combined
-                           # buffer and reject it
-    skip_on_device: bool   # the loss scaler's overflow skip stays on the device (torch's fused
-                           # kernels take found_inf); others read the check back to the host
-    compile_step: bool     # under train.compile: the LR held in tensors and optimizer.step compiled;
-                           # torch_npu's NpuFused* manage their own combined buffers
+class Implementation:
+    """How an algorithm's step runs, and what that implies for the rest of the step: the one table.
+    ``build(algorithm, groups, kwargs)``; ``describe``: what runs, after the class's name;
+    ``settings``: the optim.* overrides that select it (compare_optimizers.sh and the benchmarks)."""
+    build: Callable
+    describe: str
+    grads_to_none: bool      # zero_grad(set_to_none=True); NpuFused* keep the grads in their combined
+                             # buffer and reject it
+    skip_on_device: bool     # the loss scaler's overflow skip stays on the device (torch's fused
+                             # kernels take found_inf); others read the check back to the host
+    compile_step: bool       # under train.compile: the LR held in tensors and optimizer.step compiled
+                             # (not torch_npu's NpuFused*, which manage their own buffers; not under apex)
+    settings: tuple = ()
 
 
-IMPLIES = {"loop": Implies(True, False, True), "foreach": Implies(True, False, True),
-           "torch_fused": Implies(True, True, True), "npu_fused": Implies(False, False, False),
-           "apex_npu_fused": Implies(False, False, False)}  # under apex, which compile refuses
-IMPLEMENTATIONS = tuple(IMPLIES)
-# the optim.* overrides that select each implementation (npu_fused: optim.impl=fused on npu)
-SETTINGS = {"loop": ["optim.impl=standard", "optim.foreach=false"],
-            "foreach": ["optim.impl=standard", "optim.foreach=true"],
-            "torch_fused": ["optim.impl=fused"]}
+IMPLEMENTATIONS = {
+    "loop": Implementation(lambda a, groups, kw: a.torch_class(groups, foreach=False, **kw),
+                           "per-parameter loop, foreach=False", True, False, True,
+                           ("optim.impl=standard", "optim.foreach=false")),
+    "foreach": Implementation(lambda a, groups, kw: a.torch_class(groups, foreach=True, **kw),
+                              "multi-tensor foreach", True, False, True, ("optim.impl=standard", "optim.foreach=true")),
+    "torch_fused": Implementation(lambda a, groups, kw: a.torch_class(groups, fused=True, **kw), "fused kernel",
+                                  True, True, True, ("optim.impl=fused",)),
+    "npu_fused": Implementation(npu_fused_class("torch_npu"), "torch_npu combined buffers", False, False, False),
+    "apex_npu_fused": Implementation(npu_fused_class("apex.optimizers"), "buffers combined by apex amp",
+                                     False, False, False),
+    "plain": Implementation(lambda a, groups, kw: a.torch_class(groups, **kw), "its own step: it takes neither "
+                            "foreach nor fused", True, False, True),
+}
+SETTINGS = {name: list(impl.settings) for name, impl in IMPLEMENTATIONS.items() if impl.settings}  # a view
 
 
 def torch_default_foreach(device):
@@ -64,15 +85,18 @@ def torch_default_foreach(device):
 
 
 def choose_implementation(*, name, impl, device, foreach="auto", amp_backend="none"):
-    """loop | foreach | torch_fused | npu_fused | apex_npu_fused for algorithm ``name``, optim.impl
-    ``impl`` (standard or fused), a device type, optim.foreach (auto, True or False; for standard
-    only) and the resolved amp backend (apex amp takes apex's own fused optimizers)."""
+    """The implementation (IMPLEMENTATIONS) for algorithm ``name``, optim.impl ``impl`` (standard or
+    fused), a device type, optim.foreach (auto, True or False; for standard only) and the resolved
+    amp backend (apex amp takes apex's own fused optimizers)."""
+    kernels, npu_fused = ALGORITHMS[name].kernels, ALGORITHMS[name].npu_fused
     if impl == "fused":
-        if amp_backend == "apex":
+        if amp_backend == "apex" and npu_fused:
             return "apex_npu_fused"
-        if device == "npu":
+        if device == "npu" and npu_fused:
             return "npu_fused"
-        return "torch_fused" if ALGORITHMS[name].fused_kernel else "foreach"
+        return "torch_fused" if "fused" in kernels else "foreach" if "foreach" in kernels else "plain"
+    if "foreach" not in kernels:
+        return "plain"
     if foreach == "auto":
         foreach = torch_default_foreach(device)
     return "foreach" if foreach else "loop"
@@ -94,7 +118,7 @@ def param_groups(params, weight_decay, no_decay_bn_bias):
 
 def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight_decay=0.0,
                     no_decay_bn_bias=False, **hyper):
-    """Algorithm ``name`` in ``implementation`` (see the module doc) over ``params`` (a module or
+    """Algorithm ``name`` in ``implementation`` (IMPLEMENTATIONS) over ``params`` (a module or
     tensors). ``hyper``: the algorithm's own settings (momentum, nesterov, betas, eps, alpha)."""
     algorithm = ALGORITHMS[name]
     unknown = hyper.keys() - set(algorithm.hyperparameters)
@@ -102,16 +126,11 @@ def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight
         raise TypeError(f"{name} takes {', '.join(algorithm.hyperparameters)}, not {sorted(unknown)}")
     if isinstance(params, torch.nn.Module):
         params = params.parameters()
-    groups = param_groups(params, weight_decay, no_decay_bn_bias)
     kwargs = {"lr": lr, **hyper}
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
-    if implementation == "npu_fused":
-        return getattr(import_torch_npu().optim, algorithm.npu_fused)(groups, **kwargs)
-    if implementation == "apex_npu_fused":
-        return getattr(importlib.import_module("apex.optimizers"), algorithm.npu_fused)(groups, **kwargs)
-    flag = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "torch_fused": {"fused": True}}
-    return algorithm.torch_class(groups, **flag[implementation], **kwargs)
+    return IMPLEMENTATIONS[implementation].build(algorithm, param_groups(params, weight_decay, no_decay_bn_bias),
+                                                 kwargs)
 
 
 def hold_lr_in_tensors(optimizer):
@@ -137,22 +156,17 @@ def plain_numbers(state):
     return {k: (v if k == "state" else plain(v)) for k, v in state.items()}
 
 
-def describe_optimizer(name, implementation):
-    """What runs, for the log and summary.json: e.g. 'SGD (fused kernel)'."""
+def describe_optimizer(name, implementation, impl="standard"):
+    """What runs, for the log and summary.json: e.g. 'SGD (fused kernel)'; under optim.impl=fused,
+    what it runs where the algorithm has no fused kernel."""
     algorithm = ALGORITHMS[name]
+    what = IMPLEMENTATIONS[implementation].describe
+    if implementation in ("npu_fused", "apex_npu_fused"):
+        return f"{'apex ' if implementation == 'apex_npu_fused' else ''}{algorithm.npu_fused} ({what})"
     cls = algorithm.torch_class.__name__
-    if implementation == "npu_fused":
-        return f"{algorithm.npu_fused} (torch_npu combined buffers)"
-    if implementation == "apex_npu_fused":
-        return f"apex {algorithm.npu_fused} (buffers combined by apex amp)"
-    if implementation == "foreach" and not algorithm.fused_kernel:
-        return f"{cls} (multi-tensor foreach: torch has no fused {cls} kernel)"
-    return cls + {"loop": " (per-parameter loop, foreach=False)", "foreach": " (multi-tensor foreach)",
-                  "torch_fused": " (fused kernel)"}[implementation]
-
-
-def zero_grad_to_none(implementation):
-    return IMPLIES[implementation].grads_to_none
+    if impl == "fused" and implementation in ("foreach", "plain"):
+        what += f"; {cls} has no fused kernel, so --optimizer fused runs this"
+    return f"{cls} ({what})"
 
 
 def lr_factor_fn(name, steps_per_epoch, epochs, step_epochs=30, gamma=0.1, warmup_epochs=0.0,

@@ -23,9 +23,9 @@ from mobilenet.device import compiled, device_module
 from mobilenet.distributed import broadcast_from_rank0, first_disagreement, from_rank0, wrap_ddp
 from mobilenet.ema import WeightEMA
 from mobilenet.errors import TrainingFailure, UsageError
-from mobilenet.model import MobileNetV1, load_weights, unwrap_state_dict
-from mobilenet.optim import (IMPLIES, build_optimizer, build_scheduler, hold_lr_in_tensors, hyperparameters,
-                             plain_numbers, zero_grad_to_none)
+from mobilenet.model import build_model, load_weights, unwrap_state_dict
+from mobilenet.optim import (IMPLEMENTATIONS, build_optimizer, build_scheduler, hold_lr_in_tensors, hyperparameters,
+                             plain_numbers)
 
 NO_PHASE = contextlib.nullcontext()
 
@@ -52,7 +52,7 @@ class TrainStep:
         self.net, self.wrapped, self.optimizer = net, wrapped, optimizer
         self.precision, self.criterion, self.ema = precision, criterion, ema
         self.implementation, self.algorithm, self.compiled = implementation, algorithm, compiled
-        self.set_to_none = zero_grad_to_none(implementation)
+        self.set_to_none = IMPLEMENTATIONS[implementation].grads_to_none
         self.phase = no_phase
 
     def __call__(self, images, labels):
@@ -98,9 +98,9 @@ def build_train_step(cfg, device):
     """The TrainStep for a resolved config, on ``device`` (the process's card)."""
     derived, model_cfg, optim = cfg["derived"], cfg["model"], cfg["optim"]
     implementation = derived["optimizer_implementation"]
-    net = MobileNetV1(width_mult=model_cfg["width_mult"], num_classes=model_cfg["num_classes"])
+    net = build_model(model_cfg)
     if model_cfg["pretrained"]:
-        load_weights(net, ckpt.load_checkpoint(model_cfg["pretrained"]), model_cfg["pretrained"])
+        load_weights(net, ckpt.load_checkpoint(model_cfg["pretrained"]), model_cfg["pretrained"], model_cfg["name"])
     if model_cfg["sync_bn"] and derived["world_size"] > 1:
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     layout = torch.channels_last if derived["channels_last"] else torch.contiguous_format
@@ -109,7 +109,7 @@ def build_train_step(cfg, device):
     # the EMA): DDP's own broadcast at the wrap reaches only the module
     broadcast_from_rank0(net.state_dict().values())
     precision = build_precision(cfg["amp"], backend=derived["amp_backend"], device=device, net=net,
-                                skip_on_device=IMPLIES[implementation].skip_on_device)
+                                skip_on_device=IMPLEMENTATIONS[implementation].skip_on_device)
     optimizer = build_optimizer(precision.params(net), implementation=implementation, name=optim["name"],
                                 lr=derived["lr"], weight_decay=optim["weight_decay"],
                                 no_decay_bn_bias=optim["no_decay_bn_bias"], **hyperparameters(optim))
@@ -119,7 +119,7 @@ def build_train_step(cfg, device):
     wrapped = wrap_ddp(net, derived["world_size"], device)
     if derived["compile"]:  # net stays eager: checkpoints keep their keys, validation runs it
         wrapped = compiled(wrapped, **derived["compile"])
-        if IMPLIES[implementation].compile_step:
+        if IMPLEMENTATIONS[implementation].compile_step:
             hold_lr_in_tensors(optimizer)
             # a bound method again, as LR schedulers expect to find and wrap
             optimizer.step = types.MethodType(torch.compile(type(optimizer).step), optimizer)
@@ -269,7 +269,7 @@ class TrainingState:
     # The checkpoint.
     def state_dict(self):
         step = self.train_step
-        return {"arch": "mobilenet_v1", "epoch": self.epoch, "epoch_step": self.epoch_step,
+        return {"arch": self.cfg["model"]["name"], "epoch": self.epoch, "epoch_step": self.epoch_step,
                 "global_step": self.global_step, "validated": not self.awaiting_validation,
                 "best_prec1": self.best_top1, "rng": rng_states(self.device),
                 "state_dict": step.precision.weights(step.net),  # the fp32 masters under O2
@@ -286,7 +286,7 @@ class TrainingState:
         step = self.train_step
         if is_training_checkpoint(checkpoint):  # checked before any weight is loaded
             self.check_resumable(checkpoint, source)
-        load_weights(step.net, checkpoint, source)
+        load_weights(step.net, checkpoint, source, self.cfg["model"]["name"])
         step.precision.load_weights(unwrap_state_dict(checkpoint))
         if not is_training_checkpoint(checkpoint):
             return False

@@ -62,7 +62,7 @@ def test_refusals_are_one_line(apex, tmp_path, digits, capsys, extra, message, m
 def test_what_apex_cannot_do_is_refused_and_implied_nowhere(apex, tmp_path, digits, capsys):
     """apex casts to float16 only: bfloat16 is refused, not trained in float16 while config.yaml
     says bfloat16; compile is refused under apex, and the implementation's table says so too."""
-    from mobilenet.optim import IMPLIES
+    from mobilenet.optim import IMPLEMENTATIONS
     assert run(digits, tmp_path / "bf16", "--amp", "O2", "amp.dtype=bfloat16") == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == ["error: amp.dtype=bfloat16 under apex: Ascend's apex casts to float16 only; use "
@@ -70,7 +70,7 @@ def test_what_apex_cannot_do_is_refused_and_implied_nowhere(apex, tmp_path, digi
     with pytest.raises(UsageError, match="apex amp patches the model"):
         resolve(build_config(ROOT / "configs" / "demo.yaml", [*TINY, "amp.level=O2", "amp.backend=apex",
                                                                "optim.impl=fused", "train.compile=true"]))
-    assert not IMPLIES["apex_npu_fused"].compile_step
+    assert not IMPLEMENTATIONS["apex_npu_fused"].compile_step
 
 
 def test_modelzoo_static_scale_trains_and_an_overflow_stops_the_run(apex, tmp_path, digits, capsys):

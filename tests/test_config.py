@@ -226,7 +226,8 @@ NO_WORKERS = [setting for setting in TINY if not setting.startswith("data.worker
 
 
 def test_workers_auto_shares_the_usable_cores_among_the_node_processes(tmp_path, digits):
-    from mobilenet.data.datasets import auto_workers, usable_cores
+    from mobilenet.data.datasets import usable_cores
+    from mobilenet.data.sources import auto_workers
     folder, synthetic = {"path": "/imagenet", "cache_mb": 0}, {"path": "synthetic", "cache_mb": 0}
     assert [auto_workers(folder, processes, cores=16) for processes in (1, 2, 8, 16, 32)] == [15, 7, 1, 0, 0]
     assert auto_workers(synthetic, 1, cores=64) == 4  # random images are only collated
@@ -293,17 +294,20 @@ def test_decode_auto_takes_the_workers_off_cuda_and_says_why():
 
 
 def test_compile_auto_compiles_where_it_pays_and_says_why():
-    from mobilenet.device import COMPILE_MAX_SHARE, COMPILE_SECONDS, choose_compile
+    from mobilenet.device import COMPILE_MAX_SHARE, COMPILE_SECONDS, EAGER_HOST_STEP_S, choose_compile
+
+    def choose(setting, device, seconds, **given):  # a run of ``seconds`` at the host's floor per step
+        return choose_compile(setting, device, steps=lambda limit: min(limit, int(seconds / EAGER_HOST_STEP_S)),
+                              batch=1, cost=lambda: 1.0, **given)
     long_run = COMPILE_SECONDS / COMPILE_MAX_SHARE
-    assert choose_compile("auto", "cuda", eager_seconds=long_run)[0] == {"backend": "inductor", "mode": "reduce-overhead"}
-    assert choose_compile("auto", "cuda", eager_seconds=long_run / 2) == (None, choose_compile(
-        "auto", "cuda", eager_seconds=long_run / 2)[1]) and "off (auto: compiling" in choose_compile(
-        "auto", "cuda", eager_seconds=long_run / 2)[1]
-    assert choose_compile("auto", "cuda", eager_seconds=1e9, eager_only="apex")[0] is None
+    assert choose("auto", "cuda", long_run)[0] == {"backend": "inductor", "mode": "reduce-overhead"}
+    assert choose("auto", "cuda", long_run / 2)[0] is None and "off (auto: compiling" in choose(
+        "auto", "cuda", long_run / 2)[1]
+    assert choose("auto", "cuda", 1e9, eager_only="apex")[0] is None
     for device in ("cpu", "npu"):
-        assert choose_compile("auto", device, eager_seconds=1e9)[0] is None
-    assert choose_compile(True, "cpu", eager_seconds=0)[0] == {"backend": "inductor", "mode": None}
-    assert choose_compile(False, "cuda", eager_seconds=1e9)[0] is None
+        assert choose("auto", device, 1e9)[0] is None
+    assert choose(True, "cpu", 0)[0] == {"backend": "inductor", "mode": None}
+    assert choose(False, "cuda", 1e9)[0] is None
     derived = resolve(build_config(None, ["device=cpu"]))["derived"]  # the default: auto
     assert derived["compile"] is None and derived["compile_why"].startswith("off (auto: on cpu")
     derived = resolve(build_config(None, ["device=cpu", "train.measure_breakdown=true"]))["derived"]
@@ -312,18 +316,25 @@ def test_compile_auto_compiles_where_it_pays_and_says_why():
         resolve(build_config(None, ["device=cpu", "train.compile=true", "train.measure_breakdown=true"]))
 
 
-def test_compile_auto_estimates_the_run_from_its_steps(tmp_path):
-    from mobilenet.config import estimated_eager_seconds
-    from mobilenet.data.datasets import count_train_images
+def test_compile_auto_estimates_the_run_from_its_steps_and_its_models_cost(tmp_path):
+    from mobilenet.config import steps_counted_up_to
+    from mobilenet.data.sources import train_images
+    from mobilenet.model import relative_cost
     for c in range(3):
         (tmp_path / "train" / str(c)).mkdir(parents=True)
         for i in range(5):
             (tmp_path / "train" / str(c) / f"{i}.jpg").write_bytes(b"")
-    assert count_train_images({"path": str(tmp_path)}, limit=100) == 15
-    assert count_train_images({"path": str(tmp_path)}, limit=4) == 4
+    assert train_images({"path": str(tmp_path)}, limit=100) == 15
+    assert train_images({"path": str(tmp_path)}, limit=4) == 4
     imagenet = build_config(ROOT / "configs" / "imagenet.yaml", ["data.path=synthetic", "data.synthetic_size=1281167"])
-    demo = build_config(ROOT / "configs" / "demo.yaml")
-    assert estimated_eager_seconds(imagenet, "cuda", 256) > 20 * estimated_eager_seconds(demo, "cuda", 32) > 0
+    assert steps_counted_up_to(imagenet, 256)(10**9) == 90 * (1281167 // 256)
+    folder = build_config(None, [f"data.path={tmp_path}", "data.batch_size=2", "train.epochs=3"])
+    assert steps_counted_up_to(folder, 2)(100) == 3 * 7
+    assert steps_counted_up_to(folder, 2)(4) == 3 * 4  # an epoch that holds them: counted no further
     capped = build_config(ROOT / "configs" / "imagenet.yaml", ["data.path=synthetic", "train.max_steps=2000",
                                                                  "data.synthetic_size=1281167"])
-    assert estimated_eager_seconds(capped, "cuda", 256) < estimated_eager_seconds(imagenet, "cuda", 256) / 100
+    assert steps_counted_up_to(capped, 256)(10**9) == 2000
+    # "how expensive" asks the model table: multiply-adds against MobileNetV1 at width 1.0 / 224 px
+    assert relative_cost({"name": "mobilenet_v1", "width_mult": 1.0, "resolution": 224}) == 1
+    assert 0.05 < relative_cost({"name": "mobilenet_v1", "width_mult": 0.25, "resolution": 224}) < 0.1
+    assert relative_cost({"name": "resnet18", "width_mult": 0.25, "resolution": 224}) > 3  # no width: ignored

@@ -100,7 +100,8 @@ def rank_environment(monkeypatch, **env):
 # it sets, or the fragment of the one-line refusal where its meaning cannot hold here).
 MAIN_PY_FLAGS = [
     (["--data", "/imagenet"], {"data.path": "/imagenet"}),
-    (["--arch=mobilenet"], {}), (["-a", "mobilenet"], {}),  # the one model, at the recipe's width
+    (["--arch=mobilenet"], {"model.name": "mobilenet_v1"}),  # theirs, at the recipe's width
+    (["-a", "mobilenet"], {"model.name": "mobilenet_v1"}), (["-a", "resnet18"], {"model.name": "resnet18"}),
     (["-j", "6"], {"data.workers": 6}),
     (["--workers=6"], {"data.workers": 6}),
     (["--max_steps=2000"], {"train.max_steps_per_epoch": 2002, "train.max_steps": 0}),
@@ -149,7 +150,7 @@ def test_every_main_py_flag_keeps_its_meaning_or_is_refused(monkeypatch, argv, e
         return
     cfg, _ = resolved(["device=cpu", *argv])
     args = build_parser().parse_intermixed_args(["device=cpu", *argv])
-    assert expected or argv[0] in ("--arch=mobilenet", "-a"), "a row that checks nothing"
+    assert expected, "a row that checks nothing"
     for key, value in expected.items():
         found = getattr(args, key.removeprefix("args.")) if key.startswith("args.") else setting(cfg, key)
         assert found == value, key
@@ -249,7 +250,7 @@ def test_a_meeting_that_fails_is_one_line_naming_whom_it_waited_for():
     (["--no-accel", "--device", "cuda"], ["--device", "--no-accel"]),
     (["--apex", "--amp", "O1", "--apex-opt-level", "O2"], ["--amp", "--apex"]),
     (["/a", "/b"], ["one data folder"]),
-    (["-a", "resnet50"], ["-a/--arch resnet50", "MobileNetV1 only"]),
+    (["-a", "vgg16"], ["-a/--arch vgg16", "this app trains mobilenet_v1, mobilenet_v2, resnet18"]),
     (["--pretrained"], ["--pretrained", "model.pretrained=FILE"]),
     (["--apex-opt-level", "O2"], ["--apex-opt-level", "--apex"]),
     (["--loss-scale-value", "128"], ["--loss-scale-value", "--apex"]),

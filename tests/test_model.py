@@ -3,7 +3,7 @@ import torch
 
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.errors import UsageError
-from mobilenet.model import MobileNetV1, load_weights
+from mobilenet.model import MobileNetV1, load_weights, model_from_checkpoint
 
 
 def test_paper_parameter_count_and_tensor_count():
@@ -63,9 +63,32 @@ def test_rejects_checkpoint_of_another_width(tmp_path):
 def test_rejects_foreign_and_corrupt_files(tmp_path):
     foreign = tmp_path / "foreign.pt"
     torch.save({"state_dict": {"encoder.weight": torch.zeros(1)}}, foreign)
-    with pytest.raises(UsageError, match="foreign.pt: not a MobileNetV1"):
+    with pytest.raises(UsageError, match="foreign.pt: not a mobilenet_v1"):
         load_weights(MobileNetV1(), load_checkpoint(foreign), str(foreign))
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"not a checkpoint")
     with pytest.raises(UsageError, match="corrupt.pt: not a readable checkpoint"):
         load_checkpoint(corrupt)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_another_model_from_the_table_trains_resumes_exactly_and_validates(tmp_path, digits, capsys, name):
+    """model.name takes torchvision's models through the table: the demo trains one, resumes it
+    mid-epoch bit-identically, validates, and says what model.width_mult means for it."""
+    import json
+
+    import train
+    from conftest import TINY, assert_same_weights
+    args = ["--config", "configs/demo.yaml", *TINY, "--data", str(digits), f"model.name={name}",
+            "train.max_steps_per_epoch=4", "--epochs", "2"]
+    assert train.main([*args, "--output", str(tmp_path / "straight")]) == 0
+    said = capsys.readouterr().out
+    has_width = name == "mobilenet_v2"
+    assert ("model.width_mult 0.25: resnet18 has no width multiplier" in said) != has_width
+    assert train.main([*args, "--output", str(tmp_path / "resumed"), "train.max_steps=6"]) == 0
+    assert train.main([*args, "--output", str(tmp_path / "resumed"), "--resume", "auto"]) == 0
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+    summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert summary["val_images_scored"] == 360 and summary["epochs"] == 2
+    saved = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
+    assert saved["arch"] == name and model_from_checkpoint(saved).__class__.__name__ != "MobileNetV1"

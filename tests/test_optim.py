@@ -1,12 +1,15 @@
+import json
 import sys
 
 import pytest
 import torch
 
 import standin_torch_npu
+import train
+from conftest import TINY
 from mobilenet.model import MobileNetV1
-from mobilenet.optim import (ALGORITHMS, build_optimizer, choose_implementation, describe_optimizer,
-                             lr_factor_fn, zero_grad_to_none)
+from mobilenet.optim import (ALGORITHMS, IMPLEMENTATIONS, build_optimizer, choose_implementation, describe_optimizer,
+                             lr_factor_fn)
 
 FAMILIES = ["sgd", "adam", "adamw", "rmsprop"]
 HYPER = {"momentum": 0.9, "nesterov": False, "betas": (0.9, 0.999), "eps": 1e-8, "alpha": 0.99}
@@ -30,7 +33,7 @@ def train_steps(impl, name, steps=4, no_decay_bn_bias=False):
         labels = torch.randint(0, 10, (8,), generator=data)
         torch.nn.functional.cross_entropy(model(images), labels).backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=zero_grad_to_none(implementation))
+        optimizer.zero_grad(set_to_none=IMPLEMENTATIONS[implementation].grads_to_none)
     return model, optimizer
 
 
@@ -81,11 +84,37 @@ def test_fused_update_rule_matches_standard(name):
     ("sgd", "standard", "SGD (per-parameter loop, foreach=False)"),
     ("sgd", "fused", "SGD (fused kernel)"),
     ("adamw", "fused", "AdamW (fused kernel)"),
-    ("rmsprop", "fused", "RMSprop (multi-tensor foreach: torch has no fused RMSprop kernel)"),
+    ("rmsprop", "fused", "RMSprop (multi-tensor foreach; RMSprop has no fused kernel, so --optimizer fused runs this)"),
 ])
 def test_implementation_per_impl_on_cpu(name, impl, expected):
     _, implementation = make(MobileNetV1(0.25, 10), name, impl, lr=0.1)
-    assert describe_optimizer(name, implementation) == expected
+    assert describe_optimizer(name, implementation, impl) == expected
+
+
+class SignSGD(torch.optim.Optimizer):
+    """A class outside torch's, that takes neither foreach nor fused."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-float(group["lr"]))
+
+
+def test_an_algorithm_is_one_entry_even_a_class_without_foreach_or_fused(monkeypatch, tmp_path, digits):
+    from mobilenet.optim import Algorithm
+    monkeypatch.setitem(ALGORITHMS, "signsgd", Algorithm(SignSGD, (), kernels=()))
+    out = tmp_path / "run"
+    assert train.main(["--config", "configs/demo.yaml", *TINY, "--data", str(digits), "--output", str(out),
+                       "optim.name=signsgd", "--optimizer", "fused", "--epochs", "1", "train.max_steps=3"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["optimizer_implementation"] == "plain"
+    assert summary["optimizer_class"] == ("SignSGD (its own step: it takes neither foreach nor fused; SignSGD has no "
+                                          "fused kernel, so --optimizer fused runs this)")
 
 
 def test_no_weight_decay_on_bn_and_bias():
@@ -108,7 +137,7 @@ def test_npu_fused_selection_with_stand_in(monkeypatch, name, cls):
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     optimizer.step()
     # the stand-in raises ValueError on set_to_none=True, as NpuFused does
-    optimizer.zero_grad(set_to_none=zero_grad_to_none(implementation))
+    optimizer.zero_grad(set_to_none=IMPLEMENTATIONS[implementation].grads_to_none)
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
     standard, _ = make(model, name, "standard", device="npu", lr=0.1)
     assert type(standard).__module__ == "torch.optim." + type(standard).__name__.lower()

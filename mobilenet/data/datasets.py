@@ -1,7 +1,7 @@
-"""Datasets (ImageFolder of files, synthetic images, the digits demo) and their loaders."""
+"""Datasets (images with per-image error handling: a folder of files; synthetic images), their
+loaders, and the cores this process may use. Which dataset a data.path gives: data/sources.py."""
 import contextlib
 import hashlib
-import itertools
 import math
 import multiprocessing
 import os
@@ -14,9 +14,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets
 
-from mobilenet.data.decode import EncodedImage, train_transform, val_transform
+from mobilenet.data.decode import EncodedImage
 from mobilenet.data.device_decode import ScreenedCrop, collate as collate_encoded
-from mobilenet.data.demo import DIGITS_ROOT, TRAIN_IMAGES as DIGITS_TRAIN_IMAGES, build_digits
 from mobilenet.data.samplers import ResumableSampler, ShardSampler
 from mobilenet.errors import UsageError, stop_signals
 
@@ -266,35 +265,6 @@ def image_folder(root, subset, transform, strict, leave_out=None, cache_mb=0, fl
         raise UsageError(f"{flag} {root}: {subset}: {e}") from None
 
 
-def build_datasets(data, model, decode="workers"):
-    """(train, val) datasets for ``data.path``: a folder, a prepared set, 'synthetic' or 'digits'.
-    ``decode``: derived.decode (device: the workers hand JPEGs over still encoded)."""
-    path, resolution = data["path"], model["resolution"]
-    if path is None:
-        raise UsageError("no dataset: pass --data /path/to/imagenet, --data synthetic or --data digits")
-    if path == "synthetic":
-        val_size = max(1, data["synthetic_size"] // 8)
-        return (SyntheticImages(data["synthetic_size"], resolution, model["num_classes"]),
-                SyntheticImages(val_size, resolution, model["num_classes"], seed=1))
-    if path == "digits":
-        path = DIGITS_ROOT if DIGITS_ROOT.is_dir() else build_digits()
-    train_crop = train_transform(resolution, data["min_scale"], data["hflip"])
-    val_crop = val_transform(resolution, data["val_resize_ratio"])
-    if decode == "device":
-        train_crop, val_crop = ScreenedCrop(train_crop, train=True), ScreenedCrop(val_crop, train=False)
-    from mobilenet.data import prepared  # it builds on this module
-    if prepared.is_unfinished(path):
-        raise UsageError(f"--data {path}: its preparation did not finish (no {prepared.MANIFEST}); run "
-                         f"scripts/prepare_data.py with the same SRC and DST again to complete it")
-    if prepared.is_prepared(path):
-        train, val = prepared.prepared_datasets(path, train_crop, val_crop, data, (3, resolution, resolution))
-        return checked(train, val, path, model)
-    train = image_folder(path, "train", train_crop, data["strict"], cache_mb=data["cache_mb"])
-    val = image_folder(path, "val", val_crop, data["strict"], leave_out=(3, resolution, resolution),
-                       cache_mb=data["cache_mb"])
-    return checked(train, val, path, model)
-
-
 def checked(train, val, path, model):
     """(train, val), once their classes agree with each other and with the model."""
     if train.classes != val.classes:
@@ -333,9 +303,6 @@ class WorkerSignals:
             yield
         finally:
             self.protected.value = 0
-
-
-SYNTHETIC_WORKERS = 4  # random images are only collated; more workers only add processes
 
 
 def usable_cores():
@@ -383,77 +350,6 @@ def quota_in(folder, files):
     return quota / period if quota > 0 and period > 0 else None
 
 
-def auto_workers(data, processes, cores=None):
-    """data.workers auto for the ``data`` config section: none when data.cache_mb holds the whole
-    training set decoded (what is left per image, a crop and a resize, costs less than a worker's
-    hand-over of it: bench.py feed), else this process's share of the usable cores (divided among
-    the node's ``processes``) less one for the process itself, which feeds the device; synthetic
-    images need SYNTHETIC_WORKERS at most."""
-    if data["cache_mb"] and decoded_in_memory(data):
-        return 0
-    workers = max(0, (cores or usable_cores()) // max(1, processes) - 1)
-    return min(workers, SYNTHETIC_WORKERS) if data["path"] == "synthetic" else workers
-
-
-def decoded_in_memory(data, sample=16):
-    """Whether data.cache_mb holds the training set decoded, estimated from its image count and
-    the headers of its first ``sample`` files (a prepared set: its bounded side)."""
-    from mobilenet.data import prepared  # it builds on this module
-    budget, path = data["cache_mb"] * 2**20, data["path"]
-    if path == "synthetic":
-        return True
-    root = Path(DIGITS_ROOT if path == "digits" else path)
-    if prepared.is_prepared(root):
-        side = prepared.manifest(root)["settings"]["max_side"]
-        per_image = 3 * side * side * 3 // 4
-    else:
-        sizes = []
-        for file in itertools.islice(first_files(root / "train"), sample):
-            try:
-                sizes.append(EncodedImage(read_regular_file(file)).keep_full_scale())
-            except Exception:  # noqa: BLE001  the loader says what is wrong with a file
-                continue
-        per_image = sum(sizes) / len(sizes) if sizes else 3 * 32 * 32  # digits not written yet: 32 px
-    return count_train_images(data, limit=int(budget // per_image) + 1) * per_image <= budget
-
-
-def first_files(folder):
-    """The files below ``folder``, the first class folders first, each listed as it is met."""
-    try:
-        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
-    except OSError:
-        return
-    for entry in entries:
-        if entry.is_dir():
-            yield from first_files(entry.path)
-        elif entry.is_file():
-            yield Path(entry.path)
-
-
-def count_train_images(data, limit):
-    """The training images of data.path, counted up to ``limit`` (a folder's entries are listed,
-    not read: an estimate of the run's length)."""
-    if data["path"] == "synthetic":
-        return data["synthetic_size"]
-    if data["path"] == "digits":
-        return DIGITS_TRAIN_IMAGES
-    from mobilenet.data import prepared
-    if prepared.is_prepared(data["path"]):
-        return prepared.train_images(data["path"])
-    count, folders = 0, [Path(data["path"]) / "train"]
-    while folders and count < limit:
-        try:
-            with os.scandir(folders.pop()) as entries:
-                for entry in entries:
-                    if entry.is_dir():
-                        folders.append(entry.path)
-                    else:
-                        count += 1
-        except OSError:  # build_datasets says what is wrong with the folder
-            continue
-    return min(count, limit)
-
-
 def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False,
                   worker_signals=None, workers=0, decode="workers"):
     """Train: a seeded, resumable shuffle per epoch, full batches. Val: this process's exact share.
@@ -464,10 +360,12 @@ def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=Fa
               "worker_init_fn": worker_signals.worker_init if worker_signals else None,
               "collate_fn": collate_encoded if decode == "device" else None}
     sampler = ResumableSampler(len(train_set), rank, world, seed)
+    # generators of their own: an iteration's start draws from them, not from torch's global one,
+    # which the model's own randomness (dropout) uses and checkpoints restore
     train = DataLoader(train_set, batch_size=data["batch_size"], sampler=sampler, drop_last=True,
-                       **common)
-    val = DataLoader(val_set, batch_size=data["val_batch_size"],
-                     sampler=ShardSampler(len(val_set), rank, world), **common)
+                       generator=torch.Generator().manual_seed(seed), **common)
+    val = DataLoader(val_set, batch_size=data["val_batch_size"], sampler=ShardSampler(len(val_set), rank, world),
+                     generator=torch.Generator().manual_seed(seed + 1), **common)
     if len(train) == 0:
         raise UsageError(f"data.batch_size={data['batch_size']} is larger than the "
                          f"{len(sampler)} training images per process")

@@ -54,7 +54,7 @@ def stored_kb(root):
 
 
 def train_set(root, resolution):
-    from mobilenet.data.datasets import build_datasets
+    from mobilenet.data import build_datasets
     data = {"path": str(root), "min_scale": 0.08, "hflip": True, "strict": False, "cache_mb": 0,
             "val_resize_ratio": 0.875}
     train, _ = build_datasets(data, {"resolution": resolution, "num_classes": len(classes_of(root))})
@@ -141,7 +141,8 @@ def main(argv=None):
     import torch
 
     from benchmarks.harness import interleave, markdown_table, training_rate, write_json
-    from mobilenet.data.datasets import auto_workers, usable_cores
+    from mobilenet.data.datasets import usable_cores
+    from mobilenet.data.sources import auto_workers
     from mobilenet.device import cpu_model
     cores, threads = usable_cores(), torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:

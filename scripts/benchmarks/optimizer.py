@@ -12,7 +12,7 @@ import time
 def implementations(device, name):
     """The implementations this device runs, the first being the baseline of the ratios."""
     from mobilenet.optim import ALGORITHMS
-    found = ["loop", "foreach"] + ["torch_fused"] * ALGORITHMS[name].fused_kernel
+    found = ["loop", "foreach"] + ["torch_fused"] * ("fused" in ALGORITHMS[name].kernels)
     return found + ["npu_fused"] * (device.type == "npu")
 
 

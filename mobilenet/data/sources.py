@@ -1,0 +1,155 @@
+"""Where the data comes from: one table (SOURCES) of the kinds of data.path (synthetic images, the
+bundled digits, a prepared set, an ImageFolder); the first entry that claims a path gives its
+datasets, the images it trains on counted (train.compile auto), the bytes of an image decoded
+(data.workers auto) and the recipe train.py starts from without --config. Every dataset gives its
+own data record (record_lines) and its length, over which the resumable shuffle runs. Adding a
+source is one entry."""
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from mobilenet.data import prepared
+from mobilenet.data.datasets import (EncodedImage, SyntheticImages, checked, image_folder, read_regular_file,
+                                     usable_cores)
+from mobilenet.data.decode import train_transform, val_transform
+from mobilenet.data.demo import DIGITS_ROOT, TRAIN_IMAGES as DIGITS_TRAIN_IMAGES, build_digits
+from mobilenet.data.device_decode import ScreenedCrop
+from mobilenet.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Source:
+    """``claims(path)``; ``datasets(path, data, model, crops)``: (train, val), ``crops`` the (train,
+    val) transforms; ``train_images(path, data, limit)``: counted up to ``limit``;
+    ``decoded_bytes(path)``: one training image's, decoded (estimated); ``recipe``: configs/NAME.yaml."""
+    claims: Callable
+    datasets: Callable
+    train_images: Callable
+    decoded_bytes: Callable
+    recipe: str
+
+
+def synthetic_datasets(path, data, model, crops):
+    return (SyntheticImages(data["synthetic_size"], model["resolution"], model["num_classes"]),
+            SyntheticImages(max(1, data["synthetic_size"] // 8), model["resolution"], model["num_classes"], seed=1))
+
+
+def folder_datasets(path, data, model, crops):
+    leave_out = (3, model["resolution"], model["resolution"])
+    train = image_folder(path, "train", crops[0], data["strict"], cache_mb=data["cache_mb"])
+    val = image_folder(path, "val", crops[1], data["strict"], leave_out=leave_out, cache_mb=data["cache_mb"])
+    return checked(train, val, path, model)
+
+
+def prepared_datasets(path, data, model, crops):
+    if prepared.is_unfinished(path):
+        raise UsageError(f"--data {path}: its preparation did not finish (no {prepared.MANIFEST}); run "
+                         f"scripts/prepare_data.py with the same SRC and DST again to complete it")
+    leave_out = (3, model["resolution"], model["resolution"])
+    return checked(*prepared.prepared_datasets(path, *crops, data, leave_out), path, model)
+
+
+def folder_images(path, data, limit):
+    """A folder's training files, listed (not read) up to ``limit``."""
+    count, folders = 0, [Path(path) / "train"]
+    while folders and count < limit:
+        try:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir():
+                        folders.append(entry.path)
+                    else:
+                        count += 1
+        except OSError:  # its datasets say what is wrong with the folder
+            continue
+    return min(count, limit)
+
+
+def first_files(folder):
+    """The files below ``folder``, the first class folders first, each listed as it is met."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_dir():
+            yield from first_files(entry.path)
+        elif entry.is_file():
+            yield Path(entry.path)
+
+
+def folder_decoded_bytes(path, sample=16):
+    """One image's bytes and pixels, the mean of the first ``sample`` files' headers."""
+    sizes = []
+    for file in itertools.islice(first_files(Path(path) / "train"), sample):
+        try:
+            sizes.append(EncodedImage(read_regular_file(file)).keep_full_scale())
+        except Exception:  # noqa: BLE001  the loader says what is wrong with a file
+            continue
+    return sum(sizes) / len(sizes) if sizes else 3 * 32 * 32  # the digits before they are written: 32 px
+
+
+def digits_root():
+    return DIGITS_ROOT if DIGITS_ROOT.is_dir() else build_digits()
+
+
+SOURCES = {
+    "synthetic": Source(claims=lambda path: path == "synthetic", datasets=synthetic_datasets,
+                        train_images=lambda path, data, limit: data["synthetic_size"],
+                        decoded_bytes=lambda path: 0, recipe="synthetic"),
+    "digits": Source(claims=lambda path: path == "digits",
+                     datasets=lambda path, *rest: folder_datasets(digits_root(), *rest),
+                     train_images=lambda path, data, limit: DIGITS_TRAIN_IMAGES,
+                     decoded_bytes=lambda path: folder_decoded_bytes(DIGITS_ROOT), recipe="demo"),
+    "prepared": Source(claims=lambda path: prepared.is_prepared(path) or prepared.is_unfinished(path),
+                       datasets=prepared_datasets,
+                       train_images=lambda path, data, limit: prepared.train_images(path),
+                       decoded_bytes=lambda path: 3 * prepared.manifest(path)["settings"]["max_side"] ** 2 * 3 // 4,
+                       recipe="imagenet"),
+    "folder": Source(claims=lambda path: True, datasets=folder_datasets, train_images=folder_images,
+                     decoded_bytes=folder_decoded_bytes, recipe="imagenet"),
+}
+
+
+def source_of(path):
+    """The first source that claims data.path ``path``."""
+    if path is None:
+        raise UsageError("no dataset: pass --data /path/to/imagenet, --data synthetic or --data digits")
+    return next(source for source in SOURCES.values() if source.claims(path))
+
+
+def build_datasets(data, model, decode="workers"):
+    """(train, val) datasets for ``data.path``. ``decode``: derived.decode (device: the workers hand
+    baseline JPEGs over still encoded)."""
+    crops = (train_transform(model["resolution"], data["min_scale"], data["hflip"]),
+             val_transform(model["resolution"], data["val_resize_ratio"]))
+    if decode == "device":
+        crops = (ScreenedCrop(crops[0], train=True), ScreenedCrop(crops[1], train=False))
+    return source_of(data["path"]).datasets(data["path"], data, model, crops)
+
+
+def train_images(data, limit):
+    """The images of data.path's training set, counted up to ``limit`` (a run's length, estimated;
+    none without a path: building its datasets says so)."""
+    return source_of(data["path"]).train_images(data["path"], data, limit) if data["path"] is not None else 0
+
+
+SYNTHETIC_WORKERS = 4  # random images are only collated; more workers only add processes
+
+
+def auto_workers(data, processes, cores=None):
+    """data.workers auto for the ``data`` config section: none when data.cache_mb holds the whole
+    training set decoded (what is left per image, a crop and a resize, costs less than a worker's
+    hand-over of it: bench.py feed), else this process's share of the usable cores (divided among
+    the node's ``processes``) less one for the process itself, which feeds the device; synthetic
+    images need SYNTHETIC_WORKERS at most."""
+    source = source_of(data["path"]) if data["path"] is not None else SOURCES["folder"]
+    if data["cache_mb"] and source is not SOURCES["synthetic"] and data["path"] is not None:
+        per_image = source.decoded_bytes(data["path"])
+        budget = data["cache_mb"] * 2**20
+        if train_images(data, int(budget // per_image) + 1) * per_image <= budget:
+            return 0
+    workers = max(0, (cores or usable_cores()) // max(1, processes) - 1)
+    return min(workers, SYNTHETIC_WORKERS) if source is SOURCES["synthetic"] else workers
