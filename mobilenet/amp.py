@@ -1,8 +1,11 @@
 """Mixed precision: apex amp (Ascend fork, combine_grad=True) when importable, else native torch.
 
 Levels: O0 fp32; O1 autocast with fp32 weights; O2 half model except BatchNorm with fp32 master
-weights that the optimizer updates. Loss scaling (O1, O2) is static or dynamic; a step whose grads
-are not finite is skipped and counted, the check staying on the device.
+weights that the optimizer updates. Loss scaling (O1, O2) is static or dynamic; natively a step
+whose grads are not finite is skipped and counted: inside torch's fused kernel without a host read
+(torch_fused), else after one host read of the check. Under apex, a dynamic scale skips as apex does,
+and at a static scale apex checks nothing (an overflowing step is applied; the run's next loss
+check stops it).
 Both precisions offer the hooks TrainStep calls, in this order: autocast, backward, unscale, step,
 zero_grad.
 """
@@ -60,11 +63,12 @@ def choose_backend(level, backend, device):
 # TensorBoard do), and lets a fused optimizer's skipped first step leave uninitialised momentum;
 # the kernels below are the ones GradScaler itself calls.
 class LossScaler:
-    """Loss scale, non-finite check and skip counting with torch's own amp kernels, no host sync.
+    """Loss scale, non-finite check and skip counting with torch's own amp kernels.
 
     dynamic: halve on overflow, double after ``growth_interval`` clean steps. static: fixed scale,
     overflow steps still skipped. ``skip_on_device``: the optimizer is a torch fused one, which
-    reads ``found_inf`` and skips inside its kernel; others need one host read per step.
+    reads ``found_inf`` and skips inside its kernel (no host sync); others need one host read per
+    step (and so does a fused optimizer's first step, below).
     """
 
     def __init__(self, loss_scale, device, skip_on_device=False, growth_interval=2000):

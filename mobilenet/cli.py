@@ -75,8 +75,8 @@ def build_parser(description=None):
     p.add_argument("-e", "--evaluate", action="store_true",
                    help="only evaluate (weights from --resume or model.pretrained)")
     p.add_argument("--compile", action="store_true", default=None,
-                   help="torch.compile the model's forward and backward and the optimizer's step "
-                        "(train.compile=true)")
+                   help="torch.compile the model's forward and backward and the optimizer's step (not "
+                        "torch_npu's NpuFused* step) (train.compile=true)")
     p.add_argument("--profile", action="store_true", default=None,
                    help="write a profiler trace of a few steps to <output>/profile (TensorBoard)")
     p.add_argument("positionals", nargs="*", metavar="DIR | key.sub=value",

@@ -95,7 +95,7 @@ DEFAULTS = {
         "checkpoint_every_minutes": 0.0,  # >0: also save last.pt within an epoch this often (rank 0),
                                    # so a crash without a signal loses at most this much work
         "measure_breakdown": False,  # time data waits and optimizer steps (syncs the device)
-        "profile": False,          # torch.profiler trace of steps 2-6 in <output>/profile
+        "profile": False,          # torch.profiler trace of global steps 3-12 in <output>/profile
         "compile": "auto",         # torch.compile the model and the optimizer step (inductor with
                                    # CUDA graphs on cuda, inductor on cpu, torchair on npu); auto: on
                                    # for cuda when compiling is a small share of the run (derived)

@@ -112,7 +112,8 @@ class StopOnSignal:
 
 
 def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
-    """Trains (or only evaluates) as the resolved ``cfg`` says; returns the summary dict.
+    """Trains (or only evaluates) as the resolved ``cfg`` says; returns the summary dict (the
+    accuracy alone after --evaluate; None when a signal stopped the run).
     ``resume``: a checkpoint path or 'auto' (the newest valid one in the run directory). After a
     torchrun restart (--max-restarts) the run resumes with 'auto', falling back to ``resume``.
     A run directory that holds a run is trained over only with ``start_over`` (its files go)."""
@@ -310,7 +311,7 @@ def save_last_if_finite(r, saver):
     """last.pt between log intervals (periodic, or on a signal), unless the weights diverged since
     the last loss check: then the run stops and the last good checkpoint stays."""
     if not r.state.weights_finite():
-        raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before step "
+        raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before batch "
                               f"{r.state.epoch_step}: stopped; nothing saved after {saver.last}")
     saver.save_last(r.state.state_dict())
 
@@ -320,7 +321,7 @@ def stopped(r, saver, stop):
     stop.saving()
     if r.world.is_main:
         save_last_if_finite(r, saver)
-    r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.state.epoch} step "
+    r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.state.epoch} batch "
                f"{r.state.epoch_step}, saved {saver.last}. Resume with the same command plus "
                f"--output {r.cfg['output']} --resume auto")
     r.log.close()
@@ -431,7 +432,7 @@ def timed_batches(r, meter):
 def check_finite(r, loss_mean):
     """A non-finite loss ends the run unless dynamic loss scaling skips such steps."""
     if not math.isfinite(loss_mean) and not r.state.skips_bad_steps():
-        raise TrainingFailure(f"the loss became {loss_mean} in epoch {r.state.epoch} before step "
+        raise TrainingFailure(f"the loss became {loss_mean} in epoch {r.state.epoch} before batch "
                               f"{r.state.epoch_step}: stopped; nothing saved after "
                               f"{r.cfg['output']}/checkpoints/last.pt")
 

@@ -5,7 +5,7 @@ input fixes the run: exit 2. TrainingFailure: the run cannot go on (the loss div
 full); what was saved before stays valid: exit 1. Both print as one ``error: ...`` line. Anything
 else is a bug (or a failure the app does not know): one line naming the file that holds its
 traceback, exit 1. A run stopped by a signal saves and exits 0; a signal with nothing to save (during
-start-up, or a second Ctrl-C during a step) ends the process in one line, exit 128 + its number.
+start-up, or a second Ctrl-C: the watchdog's) ends the process in one line, exit 128 + its number.
 """
 import contextlib
 import os
@@ -69,7 +69,7 @@ def exit_code(action, run_dir=lambda: None, ending=False):
         return report(f"error: {one_line(e)}", EXIT_USAGE)
     except TrainingFailure as e:
         return report(f"error: {one_line(e)}", EXIT_FAILURE)
-    except KeyboardInterrupt:  # a second Ctrl-C during a step (StopOnSignal)
+    except KeyboardInterrupt:  # Ctrl-C where no stop handler is in place yet (Python's own handler)
         return report(STOPPED.format(name="SIGINT"), 128 + signal.SIGINT, echo=not os.environ.get(ERROR_DIR))
     except Exception as e:  # noqa: BLE001
         if peer_left(e):

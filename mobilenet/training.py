@@ -4,8 +4,9 @@
 ``TrainingState``: the step, its LR schedule, the input path to the device, the run's position
 (epoch, epoch_step, global_step, best top-1, finished), every piece of state a resume needs (one
 ``state_dict()``, the checkpoint) and the resume policy (which checkpoint, when to refuse and why).
-The engine and every benchmark build their training through ``TrainingState``, so a change to the
-schedule, the input dtype or the layout is made here once.
+The engine and the benchmarks that measure the app build their training through ``TrainingState``,
+so a change to the schedule, the input dtype or the layout is made here once (the ceiling
+benchmark's plain loops build their own, on purpose: they are what the app is measured against).
 """
 import contextlib
 import re
@@ -351,7 +352,7 @@ class TrainingState:
         elif is_modelzoo_checkpoint(checkpoint) and not evaluate_only:
             left = self.continue_modelzoo(checkpoint)
             self.resumed_at = self.global_step
-        say(f"resumed from {path} (epoch {self.epoch}, step {self.epoch_step})")
+        say(f"resumed from {path} (epoch {self.epoch}, batch {self.epoch_step}; global step {self.global_step})")
         if left:
             say(f"note: {path} is a checkpoint of ModelZoo's main.py: its weights, epoch and best top-1 "
                 f"{self.best_top1:.3f} are taken, not {' nor '.join(left)}")
@@ -377,7 +378,7 @@ class TrainingState:
         elif changed:
             notes.append(f"the data changed since the checkpoint: {changed}")
         if checkpoint.get("epoch_step") and self.cfg["train"]["resume_next_epoch"]:
-            notes.append(f"train.resume_next_epoch: the rest of epoch {checkpoint['epoch']} (from step "
+            notes.append(f"train.resume_next_epoch: the rest of epoch {checkpoint['epoch']} (from batch "
                          f"{checkpoint['epoch_step']}) is skipped; training goes on at epoch {self.epoch}")
         return notes
 
@@ -399,13 +400,13 @@ class TrainingState:
         now = (self.cfg["derived"]["world_size"], self.cfg["data"]["batch_size"])
         epoch, epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
         if epoch_step and None not in was and was != now:
-            raise UsageError(f"{source}: stopped mid-epoch (step {epoch_step}) with {was[0]} process(es) x "
+            raise UsageError(f"{source}: stopped mid-epoch (batch {epoch_step}) with {was[0]} process(es) x "
                              f"data.batch_size {was[1]}; this run has {now[0]} x {now[1]}, so the epoch would "
                              f"go on from another place; resume with {was[0]} x {was[1]}, or from a checkpoint "
                              f"written at an epoch's end")
         changed = data_changes(checkpoint.get("data"), self.data)
         if epoch_step and changed and "train:" in changed and not self.cfg["train"]["resume_next_epoch"]:
-            raise UsageError(f"{source}: stopped mid-epoch (epoch {epoch}, step {epoch_step}) on "
+            raise UsageError(f"{source}: stopped mid-epoch (epoch {epoch}, batch {epoch_step}) on "
                              f"other data ({changed}), so that epoch cannot go on; restore the data, or go on "
                              f"from the start of epoch {epoch + 1} with train.resume_next_epoch=true")
         groups = [len(group["params"]) for group in checkpoint["optimizer"].get("param_groups", [])]
@@ -445,8 +446,8 @@ def refuse_going_back(resume, checkpoint, output):
         return
     at = (checkpoint["epoch"], checkpoint["epoch_step"])
     if later and (later[1]["epoch"], later[1]["epoch_step"]) > at:
-        raise UsageError(f"--resume {resume} is at epoch {at[0]} step {at[1]}, but {later[0]} is further "
-                         f"(epoch {later[1]['epoch']} step {later[1]['epoch_step']}) and this run would save "
+        raise UsageError(f"--resume {resume} is at epoch {at[0]} batch {at[1]}, but {later[0]} is further "
+                         f"(epoch {later[1]['epoch']} batch {later[1]['epoch_step']}) and this run would save "
                          f"over it; to branch from {resume}, pass another --output")
 
 

@@ -160,7 +160,7 @@ class Watchdog:
             with_store(lambda store: store.set(VERDICT.format(self.world.rank), cause))
         waited = time.monotonic() - max(self.last, self.clock_from or self.last)
         line = (f"error: rank {self.world.rank} made no progress for {waited:.0f} s "
-                f"(train.stall_timeout {self.timeout:g}) after step {self.step}: {cause}; the job "
+                f"(train.stall_timeout {self.timeout:g}) after global step {self.step}: {cause}; the job "
                 f"stops, the checkpoints in {self.checkpoints} stay valid (resume with --resume auto)")
         end_process(line, EXIT_FAILURE)
 
@@ -200,8 +200,8 @@ class Watchdog:
             return None
         if stopped:  # the ranks keep in step (a collective every step): it stopped within one of this one's
             return "; ".join(f"rank {rank} " + (f"has not answered for {now - progress[rank][2]:.0f} s (stopped or "
-                                                f"gone) at step {self.step} or the one before (its last report: "
-                                                f"step {progress[rank][0]})"
+                                                f"gone) at global step {self.step} or the one before (its last "
+                                                f"report: global step {progress[rank][0]})"
                                                 if rank in progress else
                                                 "has reported no progress (stopped or gone before its first report)")
                              for rank in stopped) + "; the others wait for it"

@@ -1,22 +1,28 @@
-"""Parameters and multiply-adds of MobileNetV1, counted from the model.
+"""Parameters and multiply-adds of a model of the table (mobilenet.model.MODELS), counted from it.
 
-python scripts/model_info.py [--width 1.0] [--resolution 224] [--num-classes 1000]
+python scripts/model_info.py [--model mobilenet_v1] [--width 1.0] [--resolution 224] [--num-classes 1000]
 """
 import argparse
+import sys
+from pathlib import Path
 
-from mobilenet.model import MobileNetV1, count_multiply_adds
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package
+
+from mobilenet.model import MODELS, build_model, count_multiply_adds  # noqa: E402
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="mobilenet_v1", choices=list(MODELS))
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--num-classes", type=int, default=1000)
     args = p.parse_args(argv)
-    model = MobileNetV1(args.width, args.num_classes)
+    model = build_model({"name": args.model, "width_mult": args.width, "num_classes": args.num_classes})
     params = sum(p.numel() for p in model.parameters())
     macs = count_multiply_adds(model, args.resolution)
-    print(f"MobileNetV1 width {args.width} resolution {args.resolution}: "
+    width = f" width {args.width}" if MODELS[args.model].has_width else ""
+    print(f"{args.model}{width} resolution {args.resolution}: "
           f"{params:,} parameters ({params / 1e6:.2f} M), {macs:,} multiply-adds ({macs / 1e6:.0f} M)")
 
 

@@ -84,7 +84,7 @@ def test_modelzoo_static_scale_trains_and_an_overflow_stops_the_run(apex, tmp_pa
     assert run(digits, tmp_path / "overflow", "--amp", "O2", "amp.loss_scale=1024", "--epochs", "1",
                "optim.lr=1e30") == 1  # the first step's update overflows float16
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert re.fullmatch(r"error: the loss became (nan|inf) in epoch 0 before step 2: stopped; nothing saved after "
+    assert re.fullmatch(r"error: the loss became (nan|inf) in epoch 0 before batch 2: stopped; nothing saved after "
                         r".*/checkpoints/last.pt", error), error
 
 

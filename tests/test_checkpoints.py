@@ -42,8 +42,8 @@ def test_resuming_an_earlier_checkpoint_into_a_later_run_is_refused(two_epochs, 
     earlier = folder / "epoch_001.pt"
     assert run(digits, two_epochs, "--epochs", "3", "--resume", str(earlier)) == 2
     assert capsys.readouterr().err.strip() == (
-        f"error: --resume {earlier} is at epoch 1 step 0, but {folder / 'last.pt'} is further (epoch 2 "
-        f"step 0) and this run would save over it; to branch from {earlier}, pass another --output")
+        f"error: --resume {earlier} is at epoch 1 batch 0, but {folder / 'last.pt'} is further (epoch 2 "
+        f"batch 0) and this run would save over it; to branch from {earlier}, pass another --output")
     assert (folder / "last.pt").read_bytes() == before
     assert run(digits, tmp_path / "branch", "--epochs", "3", "--resume", str(earlier)) == 0
 
@@ -64,7 +64,7 @@ def test_a_modelzoo_checkpoint_resumes_at_its_epoch_with_its_momentum(two_epochs
     capsys.readouterr()
     assert run(digits, tmp_path / "from_theirs", "--epochs", "2", "--resume", str(theirs)) == 0
     said = capsys.readouterr().out
-    assert f"resumed from {theirs} (epoch 1, step 0)" in said
+    assert f"resumed from {theirs} (epoch 1, batch 0; global step 4)" in said
     assert (f"note: {theirs} is a checkpoint of ModelZoo's main.py: its weights, epoch and best top-1 99.500 are "
             f"taken, not the loss scaler's and the random generators' states (ModelZoo's checkpoints hold neither)") in said
     ours, straight = (load_checkpoint(folder / "checkpoints" / "last.pt") for folder in (tmp_path / "from_theirs", two_epochs))
@@ -94,7 +94,7 @@ def test_resume_auto_skips_a_corrupt_checkpoint_and_says_why(two_epochs, digits,
     assert run(digits, two_epochs, "--epochs", "3", "train.keep_checkpoints=2", "--resume", "auto") == 0
     out = capsys.readouterr().out
     assert "--resume auto: skipping" in out and "last.pt: not a readable checkpoint" in out
-    assert "resumed from" in out and "(epoch 2, step 0)" in out
+    assert "resumed from" in out and "(epoch 2, batch 0; global step 8)" in out
     assert load_checkpoint(two_epochs / "checkpoints" / "last.pt")["epoch"] == 3
 
 
@@ -283,12 +283,12 @@ def test_resume_with_another_batch_says_what_changes_or_refuses_mid_epoch(two_ep
     assert ("note: the checkpoint trained with 1 process(es), global batch 32, lr 0.1; this run has 1, "
             "16, lr 0.1, and so another data order") in capsys.readouterr().out
     mid = two_epochs.parent / "mid"
-    assert run(digits, mid, "--epochs", "2", "train.max_steps=6") == 0  # stops at epoch 1, step 2
+    assert run(digits, mid, "--epochs", "2", "train.max_steps=6") == 0  # stops at epoch 1, batch 2
     assert load_checkpoint(mid / "checkpoints" / "last.pt")["epoch_step"] == 2
     capsys.readouterr()
     assert run(digits, mid, "--epochs", "2", "data.batch_size=16", "--resume", "auto") == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and "stopped mid-epoch (step 2) with 1 process(es) x data.batch_size 32" in error[0]
+    assert len(error) == 1 and "stopped mid-epoch (batch 2) with 1 process(es) x data.batch_size 32" in error[0]
 
 
 @pytest.mark.parametrize("damage", ["missing", "cut short"])
@@ -358,7 +358,7 @@ def test_data_that_changed_under_a_mid_epoch_stop_is_refused_or_said(tmp_path, d
     """The checkpoint records what the data was; a resume mid-epoch on other data is refused (it
     would continue another epoch), with a way to go on; where it can continue it says what changed."""
     data, out = copy_of(digits, tmp_path), tmp_path / "run"
-    assert run(data, out, "--epochs", "2", "train.max_steps=6") == 0  # stops at epoch 1, step 2
+    assert run(data, out, "--epochs", "2", "train.max_steps=6") == 0  # stops at epoch 1, batch 2
     recorded = load_checkpoint(out / "checkpoints" / "last.pt")["data"]
     assert recorded["train"]["images"] == 1437 and len(recorded["train"]["fingerprint"]) == 40
     removed = sorted((data / "train" / "3").iterdir())
@@ -368,12 +368,12 @@ def test_data_that_changed_under_a_mid_epoch_stop_is_refused_or_said(tmp_path, d
     assert run(data, out, "--epochs", "2", "--resume", "auto") == 2
     error = capsys.readouterr().err.strip().splitlines()
     kept = 1437 - len(removed) // 2
-    assert len(error) == 1 and (f"stopped mid-epoch (epoch 1, step 2) on other data (train: 1437 images then, "
+    assert len(error) == 1 and (f"stopped mid-epoch (epoch 1, batch 2) on other data (train: 1437 images then, "
                                 f"{kept} now)") in error[0] and "train.resume_next_epoch=true" in error[0]
     assert run(data, out, "--epochs", "3", "--resume", "auto", "train.resume_next_epoch=true") == 0
     said = capsys.readouterr().out
     assert f"note: the data changed since the checkpoint: train: 1437 images then, {kept} now" in said
-    assert "train.resume_next_epoch: the rest of epoch 1 (from step 2) is skipped; training goes on at epoch 2" in said
+    assert "train.resume_next_epoch: the rest of epoch 1 (from batch 2) is skipped; training goes on at epoch 2" in said
     state = load_checkpoint(out / "checkpoints" / "last.pt")
     assert (state["epoch"], state["epoch_step"]) == (3, 0) and state["data"]["train"]["images"] == kept
 
@@ -383,7 +383,7 @@ def test_records_keep_their_global_steps_when_the_epoch_shrinks(tmp_path, digits
     train.resume_next_epoch goes on, the interrupted epoch's records stay and no step number is reused."""
     data, out = copy_of(digits, tmp_path), tmp_path / "run"
     shrink = ["data.batch_size=128", "train.max_steps_per_epoch=0"]  # 11 steps an epoch, then 5
-    assert run(data, out, "--epochs", "3", "train.max_steps=20", *shrink) == 0  # epoch 1, step 9
+    assert run(data, out, "--epochs", "3", "train.max_steps=20", *shrink) == 0  # epoch 1, batch 9
     for folder in (data / "train").iterdir():
         for path in sorted(folder.iterdir())[::2]:
             path.unlink()
@@ -472,7 +472,7 @@ def test_a_run_directory_from_before_the_renamed_keys_resumes_and_is_trimmed_rig
     (out / "summary.json").unlink()
     capsys.readouterr()
     assert run(digits, out, "--epochs", "2", "train.log_every=2", "--resume", "auto") == 0
-    assert "(epoch 1, step 2)" in capsys.readouterr().out  # 4 steps an epoch (BASE)
+    assert "(epoch 1, batch 2; global step 6)" in capsys.readouterr().out  # 4 steps an epoch (BASE)
     positions = [(r["kind"], r.get("global_step", r.get("step"))) for r in
                  map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
     expected = [(r["kind"], r["global_step"]) for r in

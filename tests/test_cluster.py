@@ -56,8 +56,8 @@ def test_killed_rank_restarts_from_the_periodic_checkpoint(tmp_path, straight_tw
     assert proc.returncode == 0, stderr[-3000:]
     assert "torchrun restart 1: every rank resumes from rank 0" in stdout
     resumed = [line for line in stdout.splitlines() if line.startswith("resumed from")]
-    assert len(resumed) == 1 and "checkpoints/last.pt (epoch 0, step " in resumed[0]
-    assert int(resumed[0].split("step ")[1].rstrip(")")) >= 8  # the periodic save, not a restart from 0
+    assert len(resumed) == 1 and "checkpoints/last.pt (epoch 0, batch " in resumed[0]
+    assert int(resumed[0].split("batch ")[1].split(";")[0]) >= 8  # the periodic save, not a restart from 0
     assert_same_weights(straight_two_ranks, out)
 
 
@@ -181,7 +181,7 @@ def test_slurm_job_cancelled_then_resubmitted_ends_as_one_run(tmp_path, slurm, s
     subprocess.run(["scancel", job], env=env, check=True)
     wait_for_job(job, env)
     first = log.read_text()
-    assert "SIGTERM: stopped at epoch 0 step" in first, first[-3000:]
+    assert "SIGTERM: stopped at epoch 0 batch" in first, first[-3000:]
     assert not re.search(r'File ".*(mobilenet/|train\.py)"|killed by signal', first), first[-3000:]
     assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 0
 
@@ -235,7 +235,7 @@ def test_elastic_restart_across_two_nodes_resumes_every_rank_from_one_checkpoint
                 os.killpg(node.pid, signal.SIGKILL)
     text = [log.read_text() for log in logs]
     assert [node.returncode for node in nodes] == [0, 0], text[0][-3000:] + text[1][-3000:]
-    resumed = re.findall(r"resumed from \S+ \(epoch 0, step (\d+)\)", text[0])
+    resumed = re.findall(r"resumed from \S+ \(epoch 0, batch (\d+); global step \d+\)", text[0])
     assert len(resumed) == 2 and 8 <= int(resumed[0]) < int(resumed[1]), text[0][-3000:]
     assert not (outs[1] / "checkpoints").exists()
     assert [log.strip().splitlines()[-1] for log in text] == [f"node {rank} of 2: the job ended" for rank in (0, 1)]

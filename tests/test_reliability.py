@@ -142,7 +142,7 @@ def test_a_val_set_with_no_readable_image_is_an_error_after_saving_the_training(
     shutil.copytree(digits / "val", data / "val")
     resumed = run_train(*base, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resumed from" in resumed.stdout and "epoch 1, step 0" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "epoch 1, batch 0" in resumed.stdout
     assert "checkpoints/last.pt and best.pt" in resumed.stdout.splitlines()[-1]
 
 

@@ -53,7 +53,7 @@ def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, digits, straig
             break
     rest, errors = proc.communicate(timeout=120)
     assert proc.returncode == 0, errors[-2000:]
-    assert "SIGTERM: stopped at epoch 0 step" in rest and "--resume auto" in rest
+    assert "SIGTERM: stopped at epoch 0 batch" in rest and "--resume auto" in rest
     assert "Traceback" not in errors
     state = load_checkpoint(out / "checkpoints" / "last.pt")
     assert state["epoch"] == 0 and 10 <= state["epoch_step"] < 44
@@ -80,7 +80,7 @@ def test_sigterm_to_torchrun_or_every_process_stops_all_ranks_together(tmp_path,
                 os.kill(pid, signal.SIGTERM)
             break
     stdout, stderr = proc.communicate(timeout=120)
-    assert "SIGTERM: stopped at epoch 0 step" in stdout, stderr[-2000:]
+    assert "SIGTERM: stopped at epoch 0 batch" in stdout, stderr[-2000:]
     assert stdout.count("stopped at epoch") == 1
     # the launcher's line comes last and the exit code says the run saved; no traceback anywhere
     assert stderr.strip().splitlines()[-1].startswith("SIGTERM: every worker on this node stopped cleanly")
@@ -177,7 +177,7 @@ def test_two_signals_in_a_row_save_once_and_exit_zero(tmp_path, digits, sig, gap
             break
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0 and stderr == "", stderr[-3000:]
-    assert stdout.count(f"{sig.name}: stopped at epoch 0 step") == 1
+    assert stdout.count(f"{sig.name}: stopped at epoch 0 batch") == 1
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["epoch_step"] >= 10
 
 

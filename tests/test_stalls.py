@@ -1,7 +1,6 @@
 """A rank or a loader worker that stops (SIGSTOP, as a dead network file system or a hung card
 leaves it): the stall watchdog ends the job with one line that names it; a stop signal during such
 a wait is acted on at once; a second one always ends the process; a peer's death is not a bug."""
-import contextlib
 import os
 import re
 import select
@@ -115,7 +114,7 @@ with Watchdog(1.0, World(), None, "checkpoints") as watchdog:
 def test_each_save_is_progress_and_a_save_that_hangs_is_named():
     result = subprocess.run([sys.executable, "-c", SAVES], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and result.stdout == "saved\n", result.stderr
-    assert re.fullmatch(r"error: rank 0 made no progress for \d s \(train.stall_timeout 1\) after step 7: it is "
+    assert re.fullmatch(r"error: rank 0 made no progress for \d s \(train.stall_timeout 1\) after global step 7: it is "
                         r"writing summary.json and the write does not return \(a hung or very slow file system\?\); "
                         r"the job stops, the checkpoints in checkpoints stay valid \(resume with --resume auto\)",
                         result.stderr.strip()), result.stderr
@@ -124,8 +123,8 @@ def test_each_save_is_progress_and_a_save_that_hangs_is_named():
 def test_the_last_line_says_what_happened_first():
     """The launcher's last line (launch.likely_cause), from what the workers said and how they ended."""
     from mobilenet.launch import likely_cause
-    stall = (1, "error: rank 0 made no progress for 11 s (train.stall_timeout 6) after step 19: rank 1 has not "
-                "answered for 11 s (stopped or gone) at step 19 or the one before ...")
+    stall = (1, "error: rank 0 made no progress for 11 s (train.stall_timeout 6) after global step 19: rank 1 "
+                "has not answered for 11 s (stopped or gone) at global step 19 or the one before ...")
     peer = (1, "error: rank 0: another process of the job ended while this one waited for it (...)")
     # a hung rank: rank 0's watchdog ends the job, torchrun kills rank 1 after its grace period
     assert likely_cause({0: 1, 1: "SIGKILL"}, {0: stall}) == stall
@@ -144,9 +143,9 @@ def test_a_stop_signal_while_a_worker_is_stuck_saves_at_once(tmp_path, digits):
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
-    line = [entry for entry in stdout.splitlines() if entry.startswith("SIGTERM: stopped at epoch 0 step")]
+    line = [entry for entry in stdout.splitlines() if entry.startswith("SIGTERM: stopped at epoch 0 batch")]
     assert line and "saved" in line[0], stdout[-2000:]
-    step = int(line[0].split("step ")[1].split(",")[0])
+    step = int(line[0].split("batch ")[1].split(",")[0])
     assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch_step"] == step
     assert gone(worker)
 
@@ -179,9 +178,9 @@ def test_a_stop_signal_while_one_ranks_worker_is_stuck_stops_every_rank_after_on
             proc.kill()
             proc.wait()
     assert [proc.returncode for proc in ranks] == [0, 0], [stderr[-2000:] for _, stderr in outputs]
-    line = [entry for entry in outputs[0][0].splitlines() if entry.startswith("SIGTERM: stopped at epoch 0 step")]
+    line = [entry for entry in outputs[0][0].splitlines() if entry.startswith("SIGTERM: stopped at epoch 0 batch")]
     assert line and "saved" in line[0], outputs[0][0][-2000:]
-    assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch_step"] == int(line[0].split("step ")[1].split(",")[0])
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch_step"] == int(line[0].split("batch ")[1].split(",")[0])
     assert gone(worker)
 
 
@@ -199,9 +198,9 @@ def test_a_stopped_rank_is_named_by_the_others(tmp_path, digits):
             proc.kill()
             proc.wait()
     assert ranks[0].returncode == ranks[2].returncode == 1, lines
-    named = [re.fullmatch(r"error: rank [02] made no progress for \d+ s \(train.stall_timeout 6\) after step (\d+): "
-                          r"rank 1 has not answered for \d+ s \(stopped or gone\) at step (\d+) or the one before "
-                          r"\(its last report: step \d+\); the others wait for it( \(as rank [02] found, which ended "
+    named = [re.fullmatch(r"error: rank [02] made no progress for \d+ s \(train.stall_timeout 6\) after global step (\d+): "
+                          r"rank 1 has not answered for \d+ s \(stopped or gone\) at global step (\d+) or the one before "
+                          r"\(its last report: global step \d+\); the others wait for it( \(as rank [02] found, which ended "
                           r"first\))?; the job stops, .*", line) for line in lines]
     assert any(named), lines
     for found, line in zip(named, lines):

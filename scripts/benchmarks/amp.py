@@ -9,9 +9,9 @@ full: width 1.0 at 224, batch 32, synthetic images; demo: the bundled demo recip
 other round) and the table shows medians with their spread and the ratio to O0 of the same model
 and optimizer. Rounds in which other processes took over a quarter of the machine are dropped.
 """
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import AMP_DTYPES, AMP_LEVELS, ROOT
+
 MODELS = {"full": (ROOT / "configs" / "synthetic.yaml",
                    ["model.width_mult=1.0", "model.resolution=224", "data.batch_size=32", "data.workers=0"]),
           "demo": (ROOT / "configs" / "demo.yaml", ["data.path=digits"])}
@@ -21,8 +21,8 @@ OPTIMIZERS = {"standard": ["optim.impl=standard"], "fused": ["optim.impl=fused"]
 def main(argv=None):
     from benchmarks.harness import benchmark_parser
     p = benchmark_parser(__doc__, rounds=3)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    p.add_argument("--levels", nargs="+", default=["O0", "O1", "O2"])
+    p.add_argument("--dtype", default="bfloat16", choices=AMP_DTYPES)
+    p.add_argument("--levels", nargs="+", default=AMP_LEVELS)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--steps", type=int, default=12)
     args, overrides = p.parse_known_args(argv)

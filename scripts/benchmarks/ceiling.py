@@ -21,9 +21,9 @@ processes took over a quarter of the machine are dropped.
 import contextlib
 import itertools
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import AMP_DTYPES, AMP_LEVELS, ROOT
+
 KINDS = ("eager", "compiled", "graphed")
 IMPLEMENTATIONS = ("loop", "foreach", "torch_fused")
 
@@ -39,8 +39,8 @@ def parse_case(text):
     except ValueError:
         raise UsageError(f"--cases {text}: expected KIND/BATCH/LEVEL-DTYPE/IMPL, e.g. "
                          f"eager/256/O2-float16/torch_fused") from None
-    if (kind not in KINDS or implementation not in IMPLEMENTATIONS or level not in ("O0", "O1", "O2")
-            or dtype not in ("float16", "bfloat16")):
+    if (kind not in KINDS or implementation not in IMPLEMENTATIONS or level not in AMP_LEVELS
+            or dtype not in AMP_DTYPES):
         raise UsageError(f"--cases {text}: kind {'|'.join(KINDS)}, level O0|O1|O2, dtype float16|bfloat16, "
                          f"implementation {'|'.join(IMPLEMENTATIONS)}")
     if kind == "graphed" and level == "O1" and dtype == "float16":

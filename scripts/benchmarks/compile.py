@@ -12,9 +12,9 @@ turns for --rounds rounds (reversed every other round); the table shows medians 
 the ratio to eager of the same model and level. Rounds in which other processes took over a
 quarter of the machine are dropped.
 """
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import AMP_DTYPES, ROOT
+
 MODELS = {"demo": (ROOT / "configs" / "demo.yaml", ["data.path=digits"]),
           "full": (ROOT / "configs" / "synthetic.yaml",
                    ["model.width_mult=1.0", "model.resolution=224", "data.batch_size=16", "data.workers=0"])}
@@ -25,7 +25,7 @@ def main(argv=None):
     p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--levels", nargs="+", default=["O0", "O1"])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--dtype", default="bfloat16", choices=AMP_DTYPES)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--log-every", type=int, default=4)
     args, overrides = p.parse_known_args(argv)

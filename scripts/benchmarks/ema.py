@@ -10,9 +10,9 @@ table shows medians with min-max, the ratio to the same optimizer without EMA, a
 of one EMA update. Rounds in which other processes took over a quarter of the machine are dropped.
 """
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import ROOT
+
 DECAY = 0.9999
 
 

@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import ROOT
+
 
 
 def sources(args, tmp):

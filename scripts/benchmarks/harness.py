@@ -11,12 +11,16 @@ from pathlib import Path
 
 import torch
 
-from mobilenet.config import build_config, resolve
+from mobilenet.config import CHOICES, build_config, resolve
 from mobilenet.engine import COMPILE_STEPS, run
 from mobilenet.errors import UsageError
 from mobilenet.measure import PHASES, OpCounter, OtherLoad, PhaseOps, count_ops
 from mobilenet.training import no_phase
 from mobilenet.training import TrainingState
+
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
+AMP_LEVELS, AMP_DTYPES = sorted(CHOICES["amp.level"]), sorted(CHOICES["amp.dtype"])  # O0 O1 O2; bfloat16 float16
 
 
 @dataclass

@@ -12,9 +12,9 @@ while the device computes, T(b) = max(N c, b k). The script measures loop and fu
 model's speedup by batch, and what the seed article's 1200 -> 1800 img/s at batch 256 implies.
 """
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import AMP_LEVELS, ROOT
+
 ARTICLE = {"batch": 256, "standard": 1200.0, "fused": 1800.0}  # img/s on Ascend, the seed article
 
 
@@ -65,7 +65,7 @@ def main(argv=None):
     p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--resolution", type=int, default=224)
-    p.add_argument("--amp", default="O0", choices=["O0", "O1", "O2"])
+    p.add_argument("--amp", default="O0", choices=AMP_LEVELS)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     args = p.parse_args(argv)
     from benchmarks.harness import interleave, markdown_table, op_budget, write_json

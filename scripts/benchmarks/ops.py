@@ -8,9 +8,9 @@ fp32 master grads and the overflow check), optimizer (O2: and the masters copied
 ema, scheduler. Counted with a TorchDispatchMode on the step after 3 warm-up steps; the counts do
 not depend on the batch size.
 """
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import AMP_DTYPES, AMP_LEVELS, ROOT
+
 
 
 def budgets(args, overrides):
@@ -42,8 +42,8 @@ def main(argv=None):
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=2)
-    p.add_argument("--levels", nargs="+", default=["O0", "O1", "O2"])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--levels", nargs="+", default=AMP_LEVELS)
+    p.add_argument("--dtype", default="bfloat16", choices=AMP_DTYPES)
     p.add_argument("--ema-decay", type=float, default=0.0)
     args, overrides = p.parse_known_args(argv)
     from benchmarks.harness import markdown_table, write_json

@@ -1,12 +1,11 @@
-"""The optimizer step alone, on MobileNetV1's 83 parameter tensors: loop vs foreach vs fused
-(plus torch_npu's NpuFused on npu).
+"""The optimizer step alone, on a model's parameter tensors (MobileNetV1's 83 by default): loop vs
+foreach vs fused (plus torch_npu's NpuFused on npu).
 
-python scripts/bench.py optimizer [--device auto] [--width 1.0] [--algorithm sgd] [--json FILE]
+python scripts/bench.py optimizer [--device auto] [--model mobilenet_v1] [--width 1.0] [--algorithm sgd] [--json FILE]
 Prints ms/step (median over --rounds interleaved rounds of --iterations steps, with the spread and
 the other processes' CPU share per round) and aten ops dispatched per step.
 """
 import time
-
 
 
 def implementations(device, name):
@@ -44,9 +43,11 @@ def prepare(optimizer, device, iterations):
 def main(argv=None):
     from benchmarks.harness import benchmark_parser
     from mobilenet.device import DEVICES
+    from mobilenet.model import MODELS
     from mobilenet.optim import ALGORITHMS
     p = benchmark_parser(__doc__, rounds=7)
     p.add_argument("--device", default="auto", choices=DEVICES)
+    p.add_argument("--model", default="mobilenet_v1", choices=sorted(MODELS))
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--algorithm", default="sgd", choices=sorted(ALGORITHMS),
                    help="optim.name; each implementation of it is timed")
@@ -57,20 +58,20 @@ def main(argv=None):
 
     from benchmarks.harness import interleave, markdown_table, write_json
     from mobilenet.device import choose_device, describe, open_device
-    from mobilenet.model import MobileNetV1
+    from mobilenet.model import build_model
     from mobilenet.optim import describe_optimizer
     device = open_device(choose_device(args.device))
     ops, timers = {}, {}
     for implementation in implementations(device, args.algorithm):
         torch.manual_seed(0)
-        model = MobileNetV1(args.width).to(device)
+        model = build_model({"name": args.model, "width_mult": args.width, "num_classes": 1000}).to(device)
         for p_ in model.parameters():
             p_.grad = torch.randn_like(p_) * 1e-3
         optimizer = build(model, args.algorithm, implementation)
         ops[implementation], timers[implementation] = prepare(optimizer, device, args.iterations)
     rounds = interleave(timers, args.rounds)
     base = next(iter(ops))
-    print(f"{args.algorithm} step on MobileNetV1 x{args.width} ({sum(1 for _ in model.parameters())} "
+    print(f"{args.algorithm} step on {args.model} x{args.width} ({sum(1 for _ in model.parameters())} "
           f"tensors), {describe(device)}; {rounds.describe()}")
     rows = []
     for name in ops:

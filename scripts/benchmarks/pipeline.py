@@ -13,7 +13,8 @@ the machine are dropped.
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import ROOT
+
 
 
 def build(args, overrides):

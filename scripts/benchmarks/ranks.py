@@ -10,9 +10,9 @@ tensor from every rank (one all_gather of a few KiB) and the BatchNorm sync broa
 turns (interleaved rounds, medians with min-max; rounds with other load above a quarter dropped).
 """
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import ROOT
+
 
 
 def timed(args, overrides, impl, level):
