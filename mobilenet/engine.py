@@ -5,7 +5,7 @@ import json
 import math
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -19,9 +19,9 @@ from mobilenet.device import open_device, peak_memory_mb
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
                                    from_rank0, host_group, init_process_group, world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
-from mobilenet.logging import (DataWaitHint, RunLogger, accuracy_line, progress_line, read_summary,
+from mobilenet.logging import (RunLogger, accuracy_line, progress_line, read_summary,
                                run_description)
-from mobilenet.measure import EpochMeter, OtherLoad, StepBreakdown, named_phase, profiler
+from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown, named_phase, profiler
 from mobilenet.training import TrainingState
 from mobilenet.watchdog import Watchdog, kill_loader_workers
 
@@ -37,18 +37,11 @@ class Run:
     val_loader: object
     log: RunLogger
     worker_signals: WorkerSignals
+    watchdog: Watchdog         # train.stall_timeout (started by fit)
+    clock: RunClock            # the first step, compiling steps, the last validation
     breakdown: StepBreakdown | None = None
-    val_seconds: float = 0.0   # the last validation's duration (for the ETA)
-    data_hint: DataWaitHint = field(default_factory=DataWaitHint)
-    compile_steps: int = 0     # steps still to compile under train.compile (left out of the rates)
-    first_step_s: float | None = None  # the process's first step, data and device time included
-    watchdog: Watchdog | None = None   # stall_timeout; set by fit()
-    classes_said: set = field(default_factory=set)  # (split, class) found wholly unreadable, said once
 
 
-# Steps that compile under train.compile: the model and the optimizer at the first, the optimizer
-# again at the second (its momentum/moment state exists from then on, another code path).
-COMPILE_STEPS = 2
 STUCK_DATA_WAIT_S = 5.0  # a stop signal during a data wait this long stops at once (a stuck loader)
 
 
@@ -173,8 +166,9 @@ def build_run(cfg, world, device):
         state.set_phase_hook(breakdown.phase)
     elif cfg["train"]["profile"]:  # the phases as ranges in the trace
         state.set_phase_hook(named_phase)
-    return Run(cfg, world, device, state, train_loader, val_loader, log, worker_signals, breakdown,
-               compile_steps=COMPILE_STEPS if derived["compile"] else 0)
+    watchdog = Watchdog(cfg["train"]["stall_timeout"], world, data["path"], Path(cfg["output"]) / "checkpoints")
+    return Run(cfg, world, device, state, train_loader, val_loader, log, worker_signals, watchdog,
+               RunClock(compiled=derived["compile"] is not None), breakdown)
 
 
 def evaluate_only_run(r):
@@ -209,8 +203,6 @@ def fit(r):
     """Epochs of training and validation; checkpoints and the summary at the end. An epoch trained
     but not validated (a crash in its validation, after a save of its last step) is validated first."""
     cfg = r.cfg
-    r.watchdog = Watchdog(cfg["train"]["stall_timeout"], r.world, cfg["data"]["path"],
-                          Path(cfg["output"]) / "checkpoints")
     saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"], writing=r.watchdog.writing)
     totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0, "other_load": OtherLoad()}
     results = {"": Accuracy(0.0, 0.0, 0, 0)}
@@ -248,7 +240,7 @@ def end_epoch(r, saver, epoch_seconds):
     r.state.check_ranks_agree()
     val_start = time.perf_counter()
     results = validate(r)
-    r.val_seconds = time.perf_counter() - val_start
+    r.clock.val_seconds = time.perf_counter() - val_start
     epoch, own = r.state.epoch, results[""]
     is_best = r.state.end_epoch(own.top1, own.scored)
     r.log.info(accuracy_line(own.top1, own.top5, f"epoch {epoch}, best {r.state.best_top1:.3f}; {own.note()}"))
@@ -282,7 +274,7 @@ def finish(r, totals, results):
                "global_step": r.state.global_step,
                "val_images_scored": final.scored,
                **({"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5} if "EMA" in results else {}),
-               "img_per_s": totals["images"] / seconds if seconds else 0.0, "first_step_s": r.first_step_s,
+               "img_per_s": totals["images"] / seconds if seconds else 0.0, "first_step_s": r.clock.first_step_s,
                "data_wait_share": totals["data_wait_s"] / seconds if seconds else 0.0,
                "other_cpu_share": totals["other_load"].so_far(),  # other processes, as benchmarks report
                "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer_implementation"],
@@ -341,8 +333,8 @@ def unreadable_classes(r):
         files = torch.bincount(targets, minlength=len(loader.dataset.classes))
         unread = torch.bincount(targets[flags], minlength=len(files))
         for index in ((unread == files) & (files > 0)).nonzero().flatten().tolist():
-            if (split, index) not in r.classes_said:
-                r.classes_said.add((split, index))
+            if (split, index) not in r.log.said:
+                r.log.said.add((split, index))
                 found.append((split, loader.dataset.classes[index], int(files[index])))
     return found
 
@@ -359,10 +351,10 @@ def log_interval(r, loss, interval):
     state, steps = r.state, r.state.steps_per_epoch
     in_epoch = min(steps - state.epoch_step, state.steps_left)
     after_epoch = state.steps_left - in_epoch  # steps of the epochs after this one
-    eta_epoch = in_epoch * interval.step_time + r.val_seconds
-    eta_run = eta_epoch + after_epoch * interval.step_time + math.ceil(after_epoch / steps) * r.val_seconds
+    eta_epoch = in_epoch * interval.step_time + r.clock.val_seconds
+    eta_run = eta_epoch + after_epoch * interval.step_time + math.ceil(after_epoch / steps) * r.clock.val_seconds
     lr, extras = state.lr(), state.metrics()
-    hint = r.data_hint.line(interval.data_wait, r.cfg["derived"]["workers"],
+    hint = r.log.data_hint.line(interval.data_wait, r.cfg["derived"]["workers"],
                             usable_cores() // max(1, r.world.local_size), is_prepared(r.cfg["data"]["path"]))
     if hint:
         r.log.info(hint)
@@ -377,7 +369,7 @@ def log_interval(r, loss, interval):
 def train_one_epoch(r, meter, stop, prof, after_step):
     """Trains from batch ``r.state.epoch_step`` to the end of the epoch, or until ``stop`` says so,
     measured by ``meter``. ``after_step``: the periodic checkpoint. Steps that compile
-    (``r.compile_steps``) are timed apart and left out of the rates."""
+    (``r.clock``) are timed apart and left out of the rates."""
     r.state.train(freeze_bn=r.cfg["train"]["freeze_bn"])
     r.train_loader.sampler.set_epoch(r.state.epoch, r.state.epoch_step * r.cfg["data"]["batch_size"])
     train_steps(r, meter, stop, prof, after_step)
@@ -389,15 +381,11 @@ def train_steps(r, meter, stop, prof, after_step):
         if stop.should_stop():  # every rank votes here, one whose wait was stuck too (batch None)
             break
         loss = state.train_on(*batch)
-        if r.first_step_s is None:  # summary.json's first_step_s (ModelZoo's CompileTime)
-            r.first_step_s = meter.elapsed()
-        if r.compile_steps and state.mid_epoch:  # an epoch's last step stays: it ends the epoch
-            r.compile_steps -= 1
-            compile_s = meter.leave_out(state.global_step)
-            if not r.compile_steps:
-                r.log.info(f"compile: the first {COMPILE_STEPS} steps took {compile_s:.1f} s (tracing and "
-                           f"code generation), left out of the rates")
-        else:
+        compiled, compile_s = r.clock.after_step(meter, state.global_step, state.mid_epoch)
+        if compile_s is not None:
+            r.log.info(f"compile: the first {COMPILE_STEPS} steps took {compile_s:.1f} s (tracing and "
+                       f"code generation), left out of the rates")
+        if not compiled:
             meter.add(loss)
             if state.epoch_step % log_every == 0 or not state.mid_epoch:
                 loss_mean, interval = meter.interval_loss(), meter.end_interval(state.global_step)

@@ -140,6 +140,8 @@ class RunLogger:
         self.run_dir, self.enabled = Path(run_dir), enabled
         self.console = enabled
         self.tensorboard = self.metrics = None
+        self.data_hint = DataWaitHint()
+        self.said = set()  # what a run says once (the classes found wholly unreadable)
 
     def start(self, config, resumed_at=None):
         """Writes ``config`` (resolved) to config.yaml, opens metrics.jsonl and TensorBoard.

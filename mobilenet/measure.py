@@ -104,6 +104,33 @@ class EpochMeter:
                 "data_wait_s": self.wait_s}
 
 
+# Steps that compile under train.compile: the model and the optimizer at the first, the optimizer
+# again at the second (its momentum/moment state exists from then on, another code path).
+COMPILE_STEPS = 2
+
+
+class RunClock:
+    """What the loop times across its epochs: the process's first step (data and device time
+    included: summary.json's first_step_s, ModelZoo's CompileTime), the steps that compile under
+    train.compile (timed apart and left out of the rates) and the last validation (for the ETAs)."""
+
+    def __init__(self, compiled):
+        self.compiling = COMPILE_STEPS if compiled else 0
+        self.first_step_s, self.val_seconds = None, 0.0
+
+    def after_step(self, meter, global_step, mid_epoch):
+        """After a training step: whether it compiled (then ``meter`` starts again after it), and
+        the seconds all compiling steps took once the last of them is done (else None). An epoch's
+        last step is never left out: it ends the epoch."""
+        if self.first_step_s is None:
+            self.first_step_s = meter.elapsed()
+        if not (self.compiling and mid_epoch):
+            return False, None
+        self.compiling -= 1
+        seconds = meter.leave_out(global_step)
+        return True, None if self.compiling else seconds
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched inside the ``with`` block (what an accelerator launches)."""
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from mobilenet.config import CHOICES, build_config, resolve
-from mobilenet.engine import COMPILE_STEPS, run
+from mobilenet.engine import run
 from mobilenet.errors import UsageError
-from mobilenet.measure import PHASES, OpCounter, OtherLoad, PhaseOps, count_ops
+from mobilenet.measure import COMPILE_STEPS, PHASES, OpCounter, OtherLoad, PhaseOps, count_ops
 from mobilenet.training import no_phase
 from mobilenet.training import TrainingState
 
