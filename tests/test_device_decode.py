@@ -47,7 +47,7 @@ def compared(root, split, crop, train_mode, seeds):
     keys = [(i, seed) for i, seed in seeds] if train_mode else [i for i, _ in seeds]
     batch = collate([device[key] for key in keys])
     assert len(batch.encoded) == len(keys)  # baseline JPEGs all go to the device
-    decoder = DeviceDecoder(device, CPU, crop.size, None if train_mode else crop.side)
+    decoder = DeviceDecoder(device, CPU, crop.size, None if train_mode else crop)
     return torch.stack([workers[key][0] for key in keys]), decoder(batch)[0]
 
 

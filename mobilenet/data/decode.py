@@ -138,10 +138,16 @@ class ValCrop:
 
     def __call__(self, image, seed=None):
         pixels = image.decode(largest_reduction(image.height, image.width, self.side))
-        h, w = pixels.shape[1:]
-        short, long = (h, w) if h <= w else (w, h)
-        long = int(self.side * long / short)
-        pixels = resize(pixels, *((self.side, long) if h <= w else (long, self.side)))
+        return self.centre(resize(pixels, *self.resized(*pixels.shape[1:])))
+
+    def resized(self, height, width):
+        """The size an image of ``height`` x ``width`` is resized to: its shorter side ``side``."""
+        if height <= width:
+            return self.side, int(self.side * width / height)
+        return int(self.side * height / width), self.side
+
+    def centre(self, pixels):
+        """The centre ``size`` x ``size`` of resized CHW ``pixels``."""
         top = int(round((pixels.shape[1] - self.size) / 2.0))
         left = int(round((pixels.shape[2] - self.size) / 2.0))
         return pixels[:, top:top + self.size, left:left + self.size]

@@ -131,13 +131,13 @@ def resized(pixels, height, width):
 class DeviceDecoder:
     """``decoder(batch)`` -> (uint8 images (B, 3, S, S) on ``device``, labels): the Encoded samples of
     an EncodedBatch decoded and cropped there (train: the drawn box, resized, flipped; validation:
-    the shorter side resized to ``val_side``, centre-cropped), the worker-decoded ones copied. A file
+    ``val_crop``'s resize and centre crop, of the full-scale image), the worker-decoded ones copied. A file
     that fails to decode is reported through ``dataset`` (one warning, or data.strict's error) and
     its place taken by the batch's first good sample (training) or a blank image labelled -1
     (validation, left out of the accuracy)."""
 
-    def __init__(self, dataset, device, size, val_side=None):
-        self.dataset, self.device, self.size, self.val_side = dataset, device, size, val_side
+    def __init__(self, dataset, device, size, val_crop=None):
+        self.dataset, self.device, self.size, self.val_crop = dataset, device, size, val_crop
 
     def __call__(self, batch):
         out = torch.empty((len(batch), 3, self.size, self.size), dtype=torch.uint8, device=self.device)
@@ -149,7 +149,7 @@ class DeviceDecoder:
             if pixels is None:
                 continue
             if sample.box is None:
-                out[at] = self.centre(pixels)
+                out[at] = self.val_crop.centre(resized(pixels, *self.val_crop.resized(*pixels.shape[1:])))
             else:
                 top, left, height, width = sample.box
                 crop = resized(pixels[:, top:top + height, left:left + width], self.size, self.size)
@@ -158,20 +158,10 @@ class DeviceDecoder:
             self.replace(out, labels, batch.encoded_at[position], batch.encoded[position].index, error)
         return out, labels
 
-    def centre(self, pixels):
-        """ValCrop's resize and centre crop, of the full-scale image."""
-        height, width = pixels.shape[1:]
-        short, long = (height, width) if height <= width else (width, height)
-        long = int(self.val_side * long / short)
-        pixels = resized(pixels, *((self.val_side, long) if height <= width else (long, self.val_side)))
-        top = int(round((pixels.shape[1] - self.size) / 2.0))
-        left = int(round((pixels.shape[2] - self.size) / 2.0))
-        return pixels[:, top:top + self.size, left:left + self.size]
-
     def replace(self, out, labels, at, index, error):
         self.dataset.report_unreadable(index, self.dataset.samples[index][0], f"{type(error).__name__}: "
                                        f"{str(error).strip().splitlines()[0][:200]}")
-        if self.val_side is not None:
+        if self.val_crop is not None:
             out[at], labels[at] = 0, -1
             return
         good = next((i for i in range(len(labels)) if i != at and labels[i] >= 0), None)

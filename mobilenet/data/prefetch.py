@@ -4,6 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from mobilenet.data.decode import ValCrop
 from mobilenet.data.device_decode import DeviceDecoder, EncodedBatch
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -29,7 +30,7 @@ class DevicePrefetcher:
         self.decoder = None  # data.decode=device: the loader's batches are EncodedBatches
         if decode_on_device:
             crop = loader.dataset.transform.crop  # a ScreenedCrop's TrainCrop or ValCrop
-            self.decoder = DeviceDecoder(loader.dataset, device, crop.size, getattr(crop, "side", None))
+            self.decoder = DeviceDecoder(loader.dataset, device, crop.size, crop if isinstance(crop, ValCrop) else None)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.dtype = dtype
         mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
