@@ -172,9 +172,9 @@ BF16_MIN_BATCH = 32   # smaller batches were not measured
 
 def bf16_hint(cfg, features=None):
     """A hint line for a cpu run at O0 on a CPU with AMX-BF16 (``features``: cpu_bf16_features()
-    unless given) whose model takes at least the multiply-adds of a measured one where bf16 paid;
-    None otherwise. Of the measured models no larger than this one (by multiply-adds, which the
-    model table counts), the largest decides."""
+    unless given) whose model takes at least the multiply-adds (which the model table counts) of a
+    measured one where bf16 paid, at no lower resolution (the gain fell with it); None otherwise.
+    Of those measured models, the largest decides."""
     from mobilenet.model import multiply_adds
     model, batch = cfg["model"], cfg["data"]["batch_size"]
     features = cpu_bf16_features() if features is None else features
@@ -182,14 +182,13 @@ def bf16_hint(cfg, features=None):
             or batch < BF16_MIN_BATCH):
         return None
     own = multiply_adds(model["name"], model["width_mult"], model["resolution"])
-    measured = {key: multiply_adds("mobilenet_v1", *key) for key in BF16_GAIN}
-    smaller = [key for key, macs in measured.items() if macs <= own]
-    if not smaller:
+    paid = {(width, resolution): multiply_adds("mobilenet_v1", width, resolution)
+            for (width, resolution), gain in BF16_GAIN.items() if gain >= BF16_PAYS}
+    below = [key for key, macs in paid.items() if macs <= own and key[1] <= model["resolution"]]
+    if not below:
         return None
-    width, resolution = max(smaller, key=measured.get)
+    width, resolution = max(below, key=paid.get)
     gain = BF16_GAIN[width, resolution]
-    if gain < BF16_PAYS:
-        return None
     return (f"hint: this CPU has AMX-BF16 units; bfloat16 trained {gain:.2f}x as fast as fp32 with MobileNetV1 at "
             f"width {width:g} / {resolution} px, batch 32 (measured on a 2-core Sapphire Rapids): try --amp O1 "
             f"amp.dtype=bfloat16")

@@ -185,7 +185,7 @@ def test_bf16_hint_only_where_amx_pays():
     assert "1.33x" in hint(["AMX-BF16"], "model.width_mult=0.75")
     assert hint(["AVX512-BF16"]) is None                          # the vector units alone: no hint
     assert hint([]) is None
-    assert hint(["AMX-BF16"], "model.resolution=192") is None      # nearest measured: 128 px, 1.06x
+    assert hint(["AMX-BF16"], "model.resolution=192") is None      # paid only at 224 px
     assert hint(["AMX-BF16"], "model.width_mult=0.25") is None     # 1.05x
     assert hint(["AMX-BF16"], "data.batch_size=8") is None         # not measured below 32
     assert hint(["AMX-BF16"], "amp.level=O1", "amp.dtype=bfloat16") is None
