@@ -155,6 +155,16 @@ def test_class_set_mismatch_names_the_classes(tmp_path, digits, capsys):
     assert len(error) == 1 and "not in val: 3;" in error[0] and "only in val: x9" in error[0]
 
 
+def test_a_plain_folder_has_torchvision_image_folders_classes_samples_and_order(tmp_path):
+    from torchvision.datasets import ImageFolder
+    for name in ("b/x.JPEG", "b/sub/y.png", "b/notes.txt", "a/2.jpg", "a/10.webp", "a/z/deep/q.Tiff", "c d/.h.jpeg"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    ours, theirs = ImageFolderRGB(tmp_path, val_transform(24, 1.0)), ImageFolder(tmp_path)
+    assert (ours.classes, ours.samples, ours.targets) == (theirs.classes, theirs.samples, theirs.targets)
+    assert len(ours) == 6
+
+
 def test_links_back_up_the_tree_are_read_once(tmp_path, digits):
     """A link to the parent folder (a loop), one into another class, and a loop below a class folder
     (its own sub-folder): each real folder is read once, under its own class, with one warning line;

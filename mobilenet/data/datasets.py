@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
-from torchvision import datasets
 
 from mobilenet.data.decode import EncodedImage
 from mobilenet.data.device_decode import ScreenedCrop, collate as collate_encoded
@@ -139,24 +138,34 @@ class ImageSamples(Dataset):
             yield os.fsencode(os.path.relpath(path, self.root)) + f"\t{label}\n".encode()
 
 
-class ImageFolderRGB(ImageSamples, datasets.ImageFolder):
-    """An ImageFolder of image files (torchvision's classes, labels and sample order)."""
+# torchvision's ImageFolder extensions; its scan is rewritten below, and importing torchvision
+# costs each process 1.4 s (it loads torch._dynamo), so the folder needs nothing else from it.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class ImageFolderRGB(ImageSamples):
+    """A folder of image files with torchvision ImageFolder's classes (its sorted subfolders),
+    labels and sample order."""
 
     def __init__(self, root, transform, strict=False, leave_out=None, cache_mb=0):
-        datasets.ImageFolder.__init__(self, root)
+        self.root = str(root)
+        self.classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+        if not self.classes:
+            raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
+        self.samples = self.scan(self.root, {name: label for label, name in enumerate(self.classes)})
+        self.targets = [label for _, label in self.samples]
         self.keep(transform, strict, leave_out, cache_mb)
 
     def read(self, index):
         return EncodedImage(read_regular_file(self.samples[index][0]))
 
     @staticmethod
-    def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
-        """torchvision's scan (the same samples in the same order), except that it follows each real
-        folder once: its os.walk(followlinks=True) has no loop check, so a link to a parent folder
-        re-read the whole tree, labelling other classes' images with this one's. A folder reached
-        again through a link (a loop, or a second way in) is said in one warning line and skipped;
-        a file reached twice (a link to it, a hard link) counts once."""
-        valid = is_valid_file or (lambda path: datasets.folder.has_file_allowed_extension(path, extensions))
+    def scan(directory, class_to_idx):
+        """torchvision's make_dataset (the same samples in the same order), except that it follows
+        each real folder once: its os.walk(followlinks=True) has no loop check, so a link to a parent
+        folder re-read the whole tree, labelling other classes' images with this one's. A folder
+        reached again through a link (a loop, or a second way in) is said in one warning line and
+        skipped; a file reached twice (a link to it, a hard link) counts once."""
         seen_folders = {folder_id(directory)} | {folder_id(os.path.join(directory, c)) for c in class_to_idx}
         seen_files, again, samples = set(), [], []
         for name in sorted(class_to_idx):
@@ -164,13 +173,13 @@ class ImageFolderRGB(ImageSamples, datasets.ImageFolder):
             seen_folders.discard(folder_id(top))  # its own class reads it; links from others do not
             for folder, files in sorted(scan_once(top, seen_folders, seen_files, again)):
                 samples += [(os.path.join(folder, f), class_to_idx[name]) for f in sorted(files)
-                            if valid(os.path.join(folder, f))]
+                            if f.lower().endswith(IMAGE_EXTENSIONS)]
         if again:
             print(f"warning: {directory}: {len(again)} folder(s) reached again through a link, skipped (a loop, "
                   f"or a second way into one folder), e.g. {again[0]}; each real folder is read once",
                   file=sys.stderr, flush=True)
         empty = set(class_to_idx) - {Path(path).relative_to(directory).parts[0] for path, _ in samples}
-        if empty and not allow_empty:
+        if empty:
             raise FileNotFoundError(f"Found no valid file for the classes {', '.join(sorted(empty))}")
         return samples
 
