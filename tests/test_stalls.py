@@ -216,7 +216,7 @@ def test_a_slow_but_healthy_rank_in_validation_is_waited_for(tmp_path, digits):
         wait_for_steps(ranks[0], "Epoch: [1][1/6]")  # the validation loader's worker exists from epoch 0 on
         val_worker = max(process_tree(ranks[1].pid)[1:], key=started)  # started after the training one's
         os.kill(val_worker, signal.SIGSTOP)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 6  # twice the timeout
         while time.monotonic() < deadline and ranks[1].poll() is None:
             time.sleep(1)
             os.kill(val_worker, signal.SIGCONT)
