@@ -84,12 +84,12 @@ def test_a_stuck_loader_worker_is_named_and_the_run_ends(tmp_path, digits):
 
 def test_a_paused_job_is_not_a_stalled_one(tmp_path, digits):
     """Ctrl-Z then fg, Slurm's suspend and resume, a frozen container: the whole job stops (its
-    loader worker too) for three times train.stall_timeout, then goes on and ends as it would
+    loader worker too) for twice train.stall_timeout, then goes on and ends as it would
     have."""
     proc = start(tmp_path / "run", digits, "train.stall_timeout=2", "--epochs", "2")
     wait_for_steps(proc, "Epoch: [0][10/")
     os.killpg(proc.pid, signal.SIGSTOP)
-    time.sleep(6)
+    time.sleep(4)
     os.killpg(proc.pid, signal.SIGCONT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr[-2000:]
