@@ -142,8 +142,8 @@ SYNTHETIC_WORKERS = 4  # random images are only collated; more workers only add 
 def auto_workers(data, processes, cores=None):
     """data.workers auto for the ``data`` config section: none when data.cache_mb holds the whole
     training set decoded (what is left per image, a crop and a resize, costs less than a worker's
-    hand-over of it: the demo, docs/performance.md), else this process's share of the usable cores (divided among
-    the node's ``processes``) less one for the process itself, which feeds the device; synthetic
+    hand-over of it: the demo in docs/performance.md), else this process's share of the usable
+    cores (divided among the node's ``processes``) less one for the process itself, which feeds the device; synthetic
     images need SYNTHETIC_WORKERS at most."""
     source = source_of(data["path"]) if data["path"] is not None else SOURCES["folder"]
     if data["cache_mb"] and source is not SOURCES["synthetic"] and data["path"] is not None:
