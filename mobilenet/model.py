@@ -134,6 +134,11 @@ def relative_cost(model_cfg):
             / multiply_adds("mobilenet_v1", 1.0, 224))
 
 
+def output_classes(net):
+    """The class count of a built network: its last Linear layer's outputs."""
+    return [module for module in net.modules() if isinstance(module, nn.Linear)][-1].out_features
+
+
 def unwrap_state_dict(checkpoint):
     """Model weights from our checkpoints, ModelZoo ``.pth.tar`` dicts or bare state dicts.
 

@@ -1,6 +1,7 @@
 """scripts/model_info.py, validate.py, export_onnx.py, the recipes and EMA."""
 import importlib.util
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -81,6 +82,12 @@ def test_validate_reads_our_and_modelzoo_checkpoints(tmp_path, digits, capsys):
         assert capsys.readouterr().out.strip() == f"* Prec@1 {top1:.3f} Prec@5 " + \
             f"{json.loads((out / 'summary.json').read_text())['top5']:.3f}"
     assert validate.main(["--checkpoint", str(tmp_path / "none.pt"), "--data", str(digits)]) == 2
+    data = tmp_path / "data"  # --data as train.py takes it; an unreadable image is left out, as training's is
+    shutil.copytree(digits, data)
+    next((data / "val" / "4").iterdir()).write_bytes(b"not an image")
+    for where in ("digits", str(data)):
+        assert validate.main(["--checkpoint", str(ours), "--data", where, "--resolution", "32", "--workers", "0"]) == 0
+    assert capsys.readouterr().out.strip().endswith("(359 images, 1 unreadable left out)")
 
 
 def test_ema_is_evaluated_checkpointed_and_resumed(tmp_path, digits):

@@ -282,8 +282,8 @@ def checked(train, val, path, model):
                          f"not in val: {', '.join(missing[:5]) or 'none'}{' ...' if len(missing) > 5 else ''}; "
                          f"only in val: {', '.join(extra[:5]) or 'none'}{' ...' if len(extra) > 5 else ''}")
     if len(train.classes) != model["num_classes"]:
-        raise UsageError(f"--data {path}: {len(train.classes)} classes, but "
-                         f"model.num_classes={model['num_classes']}")
+        raise UsageError(f"--data {path}: {len(train.classes)} classes, but the model has "
+                         f"{model['num_classes']} (model.num_classes={model['num_classes']})")
     return train, val
 
 
