@@ -242,7 +242,7 @@ def test_a_full_disk_before_or_between_saves_is_one_line(tmp_path, digits, when)
     """Already full when the run starts (the run lock): a usage error, exit 2. Filled while it
     trains (the next metrics.jsonl lines; its last page's room holds a few more), in the first epoch
     or after its save: exit 1, one line that says which, the checkpoints intact. No traceback."""
-    args = " ".join([*BASE, "--data", str(digits), "train.log_every=1", "data.batch_size=4", "train.max_steps_per_epoch=0",
+    args = " ".join([*BASE, "--data", str(digits), "train.log_every=1", "data.batch_size=16", "train.max_steps_per_epoch=0",
                      "--epochs", "2"])
     mount, result = in_small_tmpfs(tmp_path, 4 << 20, FULL_AT_START if when == "at start" else FILLS_MID_RUN,
                                    args=args, logs=tmp_path, epoch=0 if when == "before any save" else 1)
