@@ -165,6 +165,24 @@ def test_a_plain_folder_has_torchvision_image_folders_classes_samples_and_order(
     assert len(ours) == 6
 
 
+def test_the_data_record_tells_files_exchanged_between_classes_apart(tmp_path):
+    """Two files exchanged between class folders, their names kept: the same image count, other
+    labels, so another record (a mid-epoch resume refuses it; the moved file: the test below)."""
+    from mobilenet.data.datasets import data_record
+    for name in ("a/1.jpg", "a/2.jpg", "b/3.jpg", "b/4.jpg"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(name.encode())
+
+    def record():
+        return data_record(ImageFolderRGB(tmp_path, val_transform(24, 1.0)))
+    before = record()
+    os.rename(tmp_path / "a" / "1.jpg", tmp_path / "swap")
+    os.rename(tmp_path / "b" / "3.jpg", tmp_path / "a" / "3.jpg")
+    os.rename(tmp_path / "swap", tmp_path / "b" / "1.jpg")
+    after = record()
+    assert after["images"] == before["images"] == 4 and after["fingerprint"] != before["fingerprint"]
+
+
 def test_links_back_up_the_tree_are_read_once(tmp_path, digits):
     """A link to the parent folder (a loop), one into another class, and a loop below a class folder
     (its own sub-folder): each real folder is read once, under its own class, with one warning line;
