@@ -1,6 +1,5 @@
 """The run: builds everything from the resolved config, trains the epochs, validates, writes the run."""
 import itertools
-import contextlib
 import json
 import math
 import signal
@@ -289,7 +288,7 @@ def finish(r, totals, results):
         r.log.info(f"warning: {unreadable} unreadable image files were skipped (see the warnings)")
     if r.world.is_main:
         out = Path(cfg["output"])
-        with r.watchdog.writing(out / "summary.json") if r.watchdog else contextlib.nullcontext():
+        with r.watchdog.writing(out / "summary.json"):
             ckpt.save_atomic((json.dumps(summary, indent=2) + "\n").encode(), out / "summary.json", "the summary")
         written = " and ".join(name for name in ("last.pt", "best.pt") if (out / "checkpoints" / name).exists())
         r.log.info(f"top-1 {top1:.2f}%, {summary['img_per_s']:.1f} images/s. Run directory {out}: "
@@ -325,10 +324,9 @@ def unreadable_classes(r):
     process), once a run; a class with no file is refused when the data is scanned."""
     found = []
     for split, loader in (("train", r.train_loader), ("val", r.val_loader)):
-        flags = unreadable_flags(loader.dataset)
-        if not len(flags):  # synthetic
+        if not len(unreadable_flags(loader.dataset)):  # synthetic
             continue
-        flags = all_reduce_max(flags.to(r.device, torch.int32)).bool().cpu()
+        flags = unreadable_anywhere(r, loader.dataset)
         targets = torch.tensor(loader.dataset.targets)
         files = torch.bincount(targets, minlength=len(loader.dataset.classes))
         unread = torch.bincount(targets[flags], minlength=len(files))
@@ -340,10 +338,14 @@ def unreadable_classes(r):
 
 
 def unreadable_files(r):
-    """Train and val files found unreadable by any process (each process flags what it read)."""
-    flags = torch.cat([unreadable_flags(r.train_loader.dataset), unreadable_flags(r.val_loader.dataset)])
+    """Train and val files found unreadable by any process."""
+    return sum(int(unreadable_anywhere(r, loader.dataset).sum()) for loader in (r.train_loader, r.val_loader))
+
+
+def unreadable_anywhere(r, dataset):
+    """Flags of ``dataset``'s files found unreadable by any process (each process flags what it read)."""
     # on the device: nccl and hccl reduce only device tensors
-    return int(all_reduce_max(flags.to(r.device, torch.int32)).sum().item())
+    return all_reduce_max(unreadable_flags(dataset).to(r.device, torch.int32)).bool().cpu()
 
 
 def log_interval(r, loss, interval):
@@ -432,16 +434,15 @@ def validate(r):
 
 
 def watched(batches, watchdog):
-    """``batches``, each a beat of the watchdog (when there is one), the wait for each its phase
-    'val-data' (not 'data': a stop signal waits for the end of validation)."""
+    """``batches``, each a beat of the watchdog, the wait for each its phase 'val-data' (not
+    'data': a stop signal waits for the end of validation)."""
     iterator = iter(batches)
     while True:
-        with watchdog.waiting("val-data") if watchdog else contextlib.nullcontext():
+        with watchdog.waiting("val-data"):
             batch = next(iterator, None)
         if batch is None:
             return
-        if watchdog:
-            watchdog.beat()
+        watchdog.beat()
         yield batch
 
 

@@ -170,7 +170,10 @@ class TrainingState:
         """The LR schedule's step; ``at``: to the LR of that position's step instead (a resume)."""
         if at is not None:
             self.scheduler.last_epoch = at - 1
-        with warnings.catch_warnings():  # torch checks the order at a schedule's first step only
+        elif self.global_step:  # torch checks the order at a schedule's first step only
+            self.scheduler.step()
+            return
+        with warnings.catch_warnings():
             # A step the loss scaler skipped (or a resume's repositioning) made no optimizer.step(),
             # on purpose: the LR follows the step count. torch warns about that order; here it is no mistake.
             warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))

@@ -142,9 +142,11 @@ class Watchdog:
                 self.fire()
 
     def stalled(self, now):
-        if self.last is None:
-            return False
-        return now - max(self.last, self.clock_from or self.last) > self.timeout
+        return self.last is not None and now - self.quiet_since() > self.timeout
+
+    def quiet_since(self):
+        """When the stall clock started: the last beat, or a later restart (a pause, a peer's progress)."""
+        return max(self.last, self.clock_from or self.last)
 
     def fire(self):
         """Ends the process with the line that says what it waits for, unless that is a peer that
@@ -158,7 +160,7 @@ class Watchdog:
             return
         if self.world.size > 1:  # the ranks that fire after it say the same, not that it is gone
             with_store(lambda store: store.set(VERDICT.format(self.world.rank), cause))
-        waited = time.monotonic() - max(self.last, self.clock_from or self.last)
+        waited = time.monotonic() - self.quiet_since()
         line = (f"error: rank {self.world.rank} made no progress for {waited:.0f} s "
                 f"(train.stall_timeout {self.timeout:g}) after global step {self.step}: {cause}; the job "
                 f"stops, the checkpoints in {self.checkpoints} stay valid (resume with --resume auto)")
@@ -176,7 +178,7 @@ class Watchdog:
             return "the training step itself does not return (the device, or a hung collective)"
         verdict = read_verdict(self.world.size)
         if verdict:
-            return f"{verdict[1]} (as rank {verdict[0]} found, which ended first)"
+            return verdict
         before, before_at = read_progress(self.world.size), time.time()
         if before is None:
             return (f"the job's store does not answer within {STORE_ANSWER_S:g} s, so rank 0 (or the "
@@ -184,7 +186,7 @@ class Watchdog:
         time.sleep(2.5 * PUBLISH_EVERY_S)  # a live rank says so again meanwhile; a stopped one cannot
         after, verdict = read_progress(self.world.size), read_verdict(self.world.size)
         if verdict:  # another rank waited as long and ended meanwhile: not a culprit
-            return f"{verdict[1]} (as rank {verdict[0]} found, which ended first)"
+            return verdict
         now, others = time.time(), [rank for rank in range(self.world.size) if rank != self.world.rank]
         progress = after if after is not None else before  # the store's host ended meanwhile (its own stall)
 
@@ -251,11 +253,11 @@ def read_progress(size):
 
 
 def read_verdict(size):
-    """(rank, what it found) of a rank that ended on this stall already, or None."""
+    """What a rank that ended on this stall already found, saying which rank; or None."""
     def read(store):
         for rank in range(size):
             if store.check([VERDICT.format(rank)]):
-                return rank, store.get(VERDICT.format(rank)).decode()
+                return f"{store.get(VERDICT.format(rank)).decode()} (as rank {rank} found, which ended first)"
         return None
     return with_store(read)
 

@@ -176,7 +176,7 @@ def test_a_save_between_loss_checks_keeps_the_last_good_checkpoint(tmp_path):
     from mobilenet.errors import TrainingFailure
     from mobilenet.training import TrainingState
     cfg = resolve(build_config(ROOT / "configs" / "demo.yaml", ["device=cpu"]))
-    r = SimpleNamespace(state=TrainingState(cfg, torch.device("cpu"), steps_per_epoch=10), watchdog=None)
+    r = SimpleNamespace(state=TrainingState(cfg, torch.device("cpu"), steps_per_epoch=10))
     saver = CheckpointSaver(tmp_path)
     save_last_if_finite(r, saver)
     good = saver.last.read_bytes()

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mobilenet.data.decode import EncodedImage
-from mobilenet.data.device_decode import ScreenedCrop, collate as collate_encoded
+from mobilenet.data.device_decode import Encoded, ScreenedCrop, collate as collate_encoded
 from mobilenet.data.samplers import ResumableSampler, ShardSampler
 from mobilenet.errors import UsageError, stop_signals
 
@@ -104,7 +104,7 @@ class ImageSamples(Dataset):
         except Exception as e:  # decoders raise many types for bad data; each is this image's problem
             self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
             return None
-        if hasattr(image, "_replace"):  # still encoded (data.decode=device): it carries its index
+        if isinstance(image, Encoded):  # still encoded (data.decode=device): it carries its index
             image = image._replace(index=index)
         return image, label
 
@@ -274,13 +274,18 @@ def image_folder(root, subset, transform, strict, leave_out=None, cache_mb=0, fl
         raise UsageError(f"{flag} {root}: {subset}: {e}") from None
 
 
-def checked(train, val, path, model):
-    """(train, val), once their classes agree with each other and with the model."""
+def same_classes(train, val, where):
+    """A UsageError starting with ``where`` unless the two splits have the same classes."""
     if train.classes != val.classes:
         missing, extra = sorted(set(train.classes) - set(val.classes)), sorted(set(val.classes) - set(train.classes))
-        raise UsageError(f"--data {path}: train has {len(train.classes)} classes, val has {len(val.classes)}; "
+        raise UsageError(f"{where}: train has {len(train.classes)} classes, val has {len(val.classes)}; "
                          f"not in val: {', '.join(missing[:5]) or 'none'}{' ...' if len(missing) > 5 else ''}; "
                          f"only in val: {', '.join(extra[:5]) or 'none'}{' ...' if len(extra) > 5 else ''}")
+
+
+def checked(train, val, path, model):
+    """(train, val), once their classes agree with each other and with the model."""
+    same_classes(train, val, f"--data {path}")
     if len(train.classes) != model["num_classes"]:
         raise UsageError(f"--data {path}: {len(train.classes)} classes, but the model has "
                          f"{model['num_classes']} (model.num_classes={model['num_classes']})")

@@ -145,7 +145,7 @@ class DeviceDecoder:
         if batch.decoded is not None:
             out[batch.decoded_at] = batch.decoded.to(self.device, non_blocking=True)
         images, errors = decode_jpegs([sample.data for sample in batch.encoded], self.device)
-        for position, (at, sample, pixels) in enumerate(zip(batch.encoded_at, batch.encoded, images)):
+        for at, sample, pixels in zip(batch.encoded_at, batch.encoded, images):
             if pixels is None:
                 continue
             if sample.box is None:

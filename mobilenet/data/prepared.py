@@ -25,7 +25,7 @@ import simplejpeg
 import torch
 
 from mobilenet.data.decode import EncodedImage, largest_reduction, resize
-from mobilenet.data.datasets import ImageFolderRGB, ImageSamples, image_folder
+from mobilenet.data.datasets import ImageFolderRGB, ImageSamples, image_folder, same_classes, usable_cores
 from mobilenet.errors import UsageError
 
 MANIFEST = "prepared.json"
@@ -194,9 +194,7 @@ def prepare(src, dst, *, max_side=384, val_short_side=256, quality=90, workers=N
                 "shard": shard}
     recipe = {"source": str(src), "settings": settings}
     splits = {name: image_folder(src, name, transform=None, strict=False, flag="SRC") for name in ("train", "val")}
-    if splits["train"].classes != splits["val"].classes:
-        raise UsageError(f"{src}: train has {len(splits['train'].classes)} classes, val has "
-                         f"{len(splits['val'].classes)}; they must be the same")
+    same_classes(splits["train"], splits["val"], f"SRC {src}")
     check_destination(dst, recipe)
     if is_prepared(dst):
         say(f"{dst} is prepared already (its {MANIFEST}); nothing to do")
@@ -218,7 +216,6 @@ def prepare_split(folder: ImageFolderRGB, split, dst, settings, workers, say, sh
     progress line; shards already whole are kept."""
     from multiprocessing import get_context
 
-    from mobilenet.data.datasets import usable_cores
     samples, shards = folder.samples, []
     total_bytes = unreadable = 0
     start, done = time.monotonic(), 0
