@@ -4,8 +4,9 @@ Writes DST: every image re-encoded as a baseline JPEG with 4:2:0 chroma, trainin
 their longer side at most --max-side, validation images with their shorter side down to
 --val-short-side, in a few large files that the loader reads by memory map (mobilenet/data/prepared.py).
 Train from it with --data DST, as from the folder: the same classes, labels and sample order.
-Runs in parallel over the usable cores. Stopped at any moment (Ctrl-C), it leaves DST without its
-prepared.json, which does not train; the same command again continues from the last whole shard.
+Runs in parallel over the usable cores. Stopped at any moment (Ctrl-C, SIGTERM), it leaves DST
+without its prepared.json, which does not train; the same command again continues from the last
+whole shard, and mends a set that SRC no longer matches or whose files were damaged.
 """
 import argparse
 import signal
@@ -46,24 +47,26 @@ def interrupt(signum, frame):
 
 
 def prepare(args):
-    from mobilenet.data.prepared import prepare as write
-    from mobilenet.errors import UsageError
+    from mobilenet.data.prepare import prepare as write
+    from mobilenet.errors import TrainingFailure, UsageError
 
     def say(line, end="\n"):
         print(line, end=end, file=sys.stderr, flush=True)
     try:
-        if Path(args.src).resolve() == Path(args.dst).resolve():
-            raise UsageError(f"{args.dst}: DST must be another folder than SRC")
         result = write(args.src, args.dst, max_side=args.max_side, val_short_side=args.val_short_side,
                        quality=args.quality, workers=args.workers, say=say)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except TrainingFailure as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return 1
     splits = result["splits"]
     print(f"prepared {args.dst}: {splits['train']['images']} train / {splits['val']['images']} val images "
           f"({splits['train']['unreadable'] + splits['val']['unreadable']} unreadable, kept as such), "
           f"{result['bytes'] / 2**20:,.1f} MiB; train with --data {args.dst}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

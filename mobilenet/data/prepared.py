@@ -13,25 +13,25 @@ DST/<split>-NNNNN.jpegs        the JPEG bytes of up to SHARD images, back to bac
 DST/<split>-NNNNN.index.npz    per image: offset and length in the .jpegs (0: unreadable at
                                preparation), label; the names (relative to the source split) and
                                the reasons of the unreadable ones, NUL-separated bytes
+
+This module reads one (and checks it: a damaged file of DST is named, with the command that redoes
+it); mobilenet/data/prepare.py writes one.
 """
 import json
 import mmap
 import os
-import time
 from pathlib import Path
 
 import numpy
-import simplejpeg
-import torch
 
-from mobilenet.data.decode import EncodedImage, largest_reduction, resize
-from mobilenet.data.datasets import ImageFolderRGB, ImageSamples, image_folder, same_classes, usable_cores
+from mobilenet.data.datasets import ImageSamples
+from mobilenet.data.decode import EncodedImage
 from mobilenet.errors import UsageError
 
 MANIFEST = "prepared.json"
 RECIPE = ".recipe.json"  # the source and settings of a preparation under way (a rerun continues it)
-SHARD = 4096             # images per shard file: a rerun redoes at most one
 FORMAT = 1
+INDEX_KEYS = ("offsets", "lengths", "labels", "names", "reasons")
 
 
 def is_prepared(path):
@@ -52,13 +52,80 @@ def holds(path, name):
         return False
 
 
-def manifest(root):
-    """DST/prepared.json, or a UsageError naming DST."""
+def redo(root):
+    """The command that completes or mends the prepared set ``root`` (its SRC from its recipe)."""
     try:
-        return json.loads((Path(root) / MANIFEST).read_text())
+        source = json.loads((Path(root) / RECIPE).read_text())["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        source = "SRC"
+    return f"python scripts/prepare_data.py {source} {root}"
+
+
+def damaged(root, name, why):
+    return UsageError(f"--data {root}: {Path(root) / name} is damaged ({why}); run {redo(root)} to redo it")
+
+
+def manifest(root):
+    """DST/prepared.json, checked; a UsageError naming the file (or the unfinished preparation)."""
+    if is_unfinished(root):
+        raise UsageError(f"--data {root}: its preparation did not finish (no {MANIFEST}); run {redo(root)} "
+                         f"to complete it")
+    try:
+        about = json.loads((Path(root) / MANIFEST).read_text())
     except (OSError, ValueError) as e:
-        raise UsageError(f"--data {root}: {MANIFEST} is unreadable ({type(e).__name__}); prepare it again "
-                         f"with scripts/prepare_data.py") from None
+        raise damaged(root, MANIFEST, f"unreadable: {type(e).__name__}") from None
+    problem = manifest_problem(about)
+    if problem:
+        raise damaged(root, MANIFEST, problem)
+    return about
+
+
+def manifest_problem(about):
+    """What is missing from a prepared.json, or ''."""
+    if not isinstance(about, dict) or about.get("format") != FORMAT:
+        return f"not a format {FORMAT} description"
+    if not isinstance(about.get("source"), str) or not isinstance(about.get("settings"), dict):
+        return "no 'source' or 'settings'"
+    if not {"max_side", "val_short_side", "quality"} <= about["settings"].keys():
+        return "its settings are incomplete"
+    for split in ("train", "val"):
+        described = about.get("splits", {}).get(split) if isinstance(about.get("splits"), dict) else None
+        if not (isinstance(described, dict) and isinstance(described.get("classes"), list)
+                and isinstance(described.get("shards"), list) and isinstance(described.get("images"), int)):
+            return f"no whole description of '{split}'"
+    return ""
+
+
+def read_index(root, shard):
+    """The index of ``shard`` (a .jpegs file's name), checked against its .jpegs file: a
+    UsageError naming the file that is damaged."""
+    path = Path(root) / shard
+    index_path = path.with_suffix(".index.npz")
+    try:
+        with numpy.load(index_path) as loaded:
+            index = {key: loaded[key] for key in INDEX_KEYS}
+        size = path.stat().st_size
+    except FileNotFoundError as e:
+        raise damaged(root, Path(e.filename).name, "missing") from None
+    except (OSError, ValueError, KeyError, EOFError) as e:  # a truncated or foreign .npz among them
+        raise damaged(root, index_path.name, f"unreadable: {type(e).__name__}") from None
+    problem = index_problem(index, size)
+    if problem:
+        raise damaged(root, path.name if "bytes" in problem else index_path.name, problem)
+    return index
+
+
+def index_problem(index, size):
+    """What is inconsistent in a shard's index and its .jpegs file of ``size`` bytes, or ''."""
+    count = len(index["lengths"])
+    if not (len(index["offsets"]) == len(index["labels"]) == count
+            and len(bytes(index["names"]).split(b"\0")) == count):
+        return "its index's columns differ in length"
+    ends = index["offsets"].astype(numpy.int64) + index["lengths"]
+    needed = int(ends.max()) if count else 0
+    if size < needed:
+        return f"{size} bytes, its index needs {needed}: cut short"
+    return ""
 
 
 class PreparedImages(ImageSamples):
@@ -72,7 +139,7 @@ class PreparedImages(ImageSamples):
         self.shards = [Path(root) / name for name in described["shards"]]
         offsets, lengths, labels, self.names, self.reasons = [], [], [], [], {}
         for shard, path in enumerate(self.shards):
-            index = numpy.load(path.with_suffix(".index.npz"))
+            index = read_index(root, path.name)
             first = sum(map(len, offsets))
             offsets.append(index["offsets"])
             lengths.append(index["lengths"])
@@ -115,141 +182,3 @@ def prepared_datasets(root, train_transform, val_transform, data, leave_out):
 
 def train_images(root):
     return manifest(root)["splits"]["train"]["images"]
-
-
-# Writing one.
-
-def target_size(height, width, split, settings):
-    """(height, width) an image is stored at: train's longer side at most max_side, val's shorter
-    side down to val_short_side; never enlarged."""
-    if split == "train":
-        scale = min(1.0, settings["max_side"] / max(height, width))
-    else:
-        scale = min(1.0, settings["val_short_side"] / min(height, width))
-    return max(1, round(height * scale)), max(1, round(width * scale))
-
-
-def reencode(job):
-    """(JPEG bytes, '') of one source image at its stored size, or (b'', reason) when it cannot be
-    read. Decoded at the smallest reduced scale that still covers the size."""
-    path, split, settings = job
-    try:
-        image = EncodedImage(Path(path).read_bytes())
-        height, width = target_size(image.height, image.width, split, settings)
-        pixels = image.decode(largest_reduction(image.height, image.width, min(height, width)))
-        if pixels.shape[1:] != (height, width):
-            pixels = resize(pixels, height, width)
-        return simplejpeg.encode_jpeg(pixels.permute(1, 2, 0).contiguous().numpy(), quality=settings["quality"],
-                                      colorsubsampling="420"), ""
-    except Exception as e:  # noqa: BLE001  decoders raise many types: this file's problem, kept as such
-        return b"", f"{type(e).__name__}: {e}"[:300]
-
-
-def write_shard(path, results, labels, names):
-    """The shard's .jpegs, then its index (whose presence says the shard is whole), each written
-    through a temporary name."""
-    lengths = numpy.array([len(data) for data, _ in results], dtype=numpy.uint32)
-    offsets = numpy.concatenate([[0], numpy.cumsum(lengths[:-1], dtype=numpy.uint64)]).astype(numpy.uint64)
-    reasons = b"\0".join(reason.encode() for data, reason in results if not data)
-    for final, write in ((path, lambda f: [f.write(data) for data, _ in results]),
-                         (path.with_suffix(".index.npz"), lambda f: numpy.savez(
-                             f, offsets=offsets, lengths=lengths, labels=numpy.array(labels, dtype=numpy.int64),
-                             names=numpy.frombuffer(b"\0".join(names), dtype=numpy.uint8),
-                             reasons=numpy.frombuffer(reasons, dtype=numpy.uint8)))):
-        temporary = final.with_name(final.name + ".tmp")
-        with open(temporary, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, final)
-    return int(lengths.sum()), int((lengths == 0).sum())
-
-
-def check_destination(dst, recipe):
-    """A DST that holds nothing, or this same preparation (finished or not), is taken; anything
-    else is a UsageError."""
-    if not dst.exists():
-        return
-    if not dst.is_dir():
-        raise UsageError(f"{dst}: not a folder; pass a new folder for the prepared set")
-    if (dst / RECIPE).is_file():
-        try:
-            before = json.loads((dst / RECIPE).read_text())
-        except (OSError, ValueError):
-            before = None
-        if before != recipe:
-            raise UsageError(f"{dst} holds a preparation of another source or with other settings ({before}); "
-                             f"remove it or pass another folder")
-        return
-    if any(dst.iterdir()):
-        raise UsageError(f"{dst}: not empty and not a prepared set; pass a new or empty folder")
-
-
-def prepare(src, dst, *, max_side=384, val_short_side=256, quality=90, workers=None, say=print, shard=SHARD):
-    """Writes the prepared set of ImageFolder ``src`` into ``dst`` (see the module doc); a
-    preparation that was stopped continues where its shards end (of ``shard`` images). Returns the
-    manifest."""
-    src, dst = Path(src).resolve(), Path(dst)
-    settings = {"max_side": max_side, "val_short_side": val_short_side, "quality": quality, "format": FORMAT,
-                "shard": shard}
-    recipe = {"source": str(src), "settings": settings}
-    splits = {name: image_folder(src, name, transform=None, strict=False, flag="SRC") for name in ("train", "val")}
-    same_classes(splits["train"], splits["val"], f"SRC {src}")
-    check_destination(dst, recipe)
-    if is_prepared(dst):
-        say(f"{dst} is prepared already (its {MANIFEST}); nothing to do")
-        return manifest(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    (dst / RECIPE).write_text(json.dumps(recipe))
-    described = {name: prepare_split(folder, name, dst, settings, workers, say, shard)
-                 for name, folder in splits.items()}
-    result = {"format": FORMAT, "source": str(src), "settings": settings, "splits": described,
-              "bytes": sum(split["bytes"] for split in described.values())}
-    temporary = dst / (MANIFEST + ".tmp")
-    temporary.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(temporary, dst / MANIFEST)
-    return result
-
-
-def prepare_split(folder: ImageFolderRGB, split, dst, settings, workers, say, shard):
-    """The shards of one split, in parallel over ``workers`` processes (the usable cores), with a
-    progress line; shards already whole are kept."""
-    from multiprocessing import get_context
-
-    samples, shards = folder.samples, []
-    total_bytes = unreadable = 0
-    start, done = time.monotonic(), 0
-    with get_context("fork").Pool(workers or usable_cores(), initializer=torch.set_num_threads, initargs=(1,)) as pool:
-        for first in range(0, len(samples), shard):
-            part = samples[first:first + shard]
-            path = dst / f"{split}-{first // shard:05d}.jpegs"
-            shards.append(path.name)
-            if path.with_suffix(".index.npz").is_file():  # whole from an earlier run
-                index = numpy.load(path.with_suffix(".index.npz"))
-                total_bytes += int(index["lengths"].sum())
-                unreadable += int((index["lengths"] == 0).sum())
-                done += len(part)
-                continue
-            results = []
-            for result in pool.imap(reencode, [(p, split, settings) for p, _ in part], chunksize=16):
-                results.append(result)
-                done += 1
-                if done % 256 == 0 or done == len(samples):
-                    progress(say, split, done, len(samples), time.monotonic() - start)
-            names = [os.fsencode(os.path.relpath(p, folder.root)) for p, _ in part]
-            written, bad = write_shard(path, results, [label for _, label in part], names)
-            total_bytes, unreadable = total_bytes + written, unreadable + bad
-    say("")  # the progress line ends
-    return {"images": len(samples), "unreadable": unreadable, "bytes": total_bytes,
-            "classes": folder.classes, "shards": shards}
-
-
-def progress(say, split, done, total, seconds):
-    """One progress line, written over the last (a carriage return, no newline)."""
-    width = 30
-    filled = width * done // max(total, 1)
-    rate = done / seconds if seconds > 0 else 0.0
-    left = (total - done) / rate if rate else 0.0
-    say(f"\r{split}: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} images, {rate:.0f} img/s, "
-        f"{left / 60:.1f} min left", end="")
-

@@ -44,9 +44,6 @@ def folder_datasets(path, data, model, crops):
 
 
 def prepared_datasets(path, data, model, crops):
-    if prepared.is_unfinished(path):
-        raise UsageError(f"--data {path}: its preparation did not finish (no {prepared.MANIFEST}); run "
-                         f"scripts/prepare_data.py with the same SRC and DST again to complete it")
     leave_out = (3, model["resolution"], model["resolution"])
     return checked(*prepared.prepared_datasets(path, *crops, data, leave_out), path, model)
 
