@@ -50,7 +50,7 @@ DEFAULTS = {
                                    # data.decode=device it keeps the files' bytes
         "decode": "auto",          # workers | device (JPEGs decoded, cropped and resized on the
                                    # step's device: nvJPEG on cuda); auto: device on cuda where a
-                                   # start-up probe decodes faster there (derived.decode)
+                                   # start-up probe decodes the workers' pixels, and faster there
     },
     "optim": {
         "name": "sgd",             # sgd | adam | adamw | rmsprop

@@ -123,3 +123,15 @@ def test_a_mid_epoch_resume_is_bit_identical_with_device_decode(tmp_path, digits
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
     config = yaml.safe_load((tmp_path / "straight" / "config.yaml").read_text())
     assert (config["data"]["decode"], config["derived"]["decode"]) == ("device", "device")
+
+
+def test_auto_takes_the_device_only_where_its_probe_decodes_the_workers_pixels():
+    """The probe's own comparison, run on the cpu (torchvision's decode against the workers'
+    libjpeg-turbo: the same pixels), and the choice where a device decoded others."""
+    from mobilenet.data.device_decode import SAME_PIXELS, decode_choice, probe_decode
+    device_ms, host_ms, difference = probe_decode(torch.device("cpu"))
+    assert difference[0] <= SAME_PIXELS[0] and difference[1] <= SAME_PIXELS[1], difference
+    assert decode_choice(1.0, 100.0, difference, workers=2, where="cuda:0")[0] == "device"
+    choice, why = decode_choice(1.0, 100.0, (6.0, 0.9), workers=2, where="cuda:0")
+    assert choice == "workers" and why == ("workers (auto: the probe's decode on cuda:0 differed from the workers' "
+                                           "by up to 6, 0.90 on average: more than 1 and 0.2)")

@@ -170,29 +170,43 @@ class DeviceDecoder:
 
 
 PROBE_IMAGES = 16  # baseline JPEGs of ImageNet's common size, for data.decode auto on cuda
+# The most a full-scale decode on the device may differ from the workers' (libjpeg-turbo) and
+# still count as the same pixels: largest and mean |difference|, as measured on the cpu through
+# the whole crop (tests/test_device_decode.py).
+SAME_PIXELS = (1, 0.2)
 
 
 def choose_decode(setting, device_type, *, workers, card=0, probe=True):
     """('workers' or 'device', why) for data.decode ``setting``. auto: device on cuda when a probe
-    decodes PROBE_IMAGES baseline 500x375 JPEGs on the process's card faster than its loader's
-    ``workers`` decode them on the host (one core each), else workers: on cpu and npu always (the
-    npu has no batched decode here). ``probe=False`` (the launcher's own check): no probe, no card
-    touched; the training processes decide."""
+    decodes PROBE_IMAGES baseline 500x375 JPEGs on the process's card to the workers' pixels
+    (within SAME_PIXELS) and faster than its loader's ``workers`` decode them on the host (one
+    core each), else workers: on cpu and npu always (the npu has no batched decode here).
+    ``probe=False`` (the launcher's own check): no probe, no card touched; the training processes
+    decide."""
     if setting != "auto":
         return setting, f"{setting} (data.decode={setting})"
     if device_type != "cuda":
         return "workers", f"workers (auto: decoding on the device is for cuda; this is {device_type})"
     if not probe:
         return "workers", "workers (auto: decided by each training process's probe)"
-    device_ms, host_ms = probe_decode(torch.device("cuda", card))
+    return decode_choice(*probe_decode(torch.device("cuda", card)), workers=workers, where=f"cuda:{card}")
+
+
+def decode_choice(device_ms, host_ms, difference, *, workers, where):
+    """data.decode auto's choice from a probe's timings and its pixels' (largest, mean) difference."""
+    if difference[0] > SAME_PIXELS[0] or difference[1] > SAME_PIXELS[1]:
+        return "workers", (f"workers (auto: the probe's decode on {where} differed from the workers' by up to "
+                           f"{difference[0]:g}, {difference[1]:.2f} on average: more than {SAME_PIXELS[0]} and "
+                           f"{SAME_PIXELS[1]})")
     host_ms /= max(1, workers)
     choice = "device" if device_ms < host_ms else "workers"
-    return choice, (f"{choice} (auto: the probe decoded {PROBE_IMAGES} JPEGs in {device_ms:.1f} ms on "
-                    f"cuda:{card}, {host_ms:.1f} ms with {max(1, workers)} worker(s))")
+    return choice, (f"{choice} (auto: the probe decoded {PROBE_IMAGES} JPEGs to the workers' pixels in "
+                    f"{device_ms:.1f} ms on {where}, {host_ms:.1f} ms with {max(1, workers)} worker(s))")
 
 
 def probe_decode(device):
-    """(ms to decode the probe's JPEGs on ``device``, ms on one host core), after a warm-up each."""
+    """(ms to decode the probe's JPEGs on ``device``, ms on one host core, (largest, mean)
+    |difference| between the two decodes' pixels), after a warm-up each."""
     import time
 
     import simplejpeg
@@ -201,12 +215,13 @@ def probe_decode(device):
     pixels = F.avg_pool2d(pixels.permute(2, 0, 1)[None].float(), 9, 1, 4)[0].permute(1, 2, 0).to(torch.uint8)
     data = simplejpeg.encode_jpeg(pixels.contiguous().numpy(), quality=90, colorsubsampling="420")
     batch = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for _ in range(PROBE_IMAGES)]
-    timings = []
-    for decode in (lambda: decode_jpegs(batch, device), lambda: [simplejpeg.decode_jpeg(data) for _ in batch]):
+    timings, decoded = [], []
+    for decode in (lambda: decode_jpegs(batch, device)[0], lambda: [simplejpeg.decode_jpeg(data) for _ in batch]):
         decode()
         start = time.perf_counter()
-        decode()
+        decoded.append(decode()[0])
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         timings.append(1000 * (time.perf_counter() - start))
-    return tuple(timings)
+    difference = (decoded[0].cpu().int() - torch.from_numpy(decoded[1]).permute(2, 0, 1).int()).abs().float()
+    return timings[0], timings[1], (difference.max().item(), difference.mean().item())
