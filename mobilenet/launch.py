@@ -4,6 +4,7 @@ starts and a failure's one line printed last, below torchrun's report.
 
 python -m mobilenet.launch [torchrun flags] train.py [train.py flags]
 """
+import logging
 import os
 import shutil
 import signal
@@ -15,7 +16,7 @@ from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, STOP_SIGNALS, STOPPED, exi
 
 
 def main(argv=None):
-    from torch.distributed import run as torchrun
+    torchrun = import_torchrun()
     parser = torchrun.get_args_parser()
     parser.allow_abbrev = False  # as train.py: no flag is reached by a prefix of it
     args = parser.parse_args(argv)
@@ -31,6 +32,21 @@ def main(argv=None):
         return 128 + signal.SIGINT
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def import_torchrun():
+    """torch.distributed.run, with torch's C++ warnings off in this process unless
+    TORCH_CPP_LOG_LEVEL says otherwise: here they come from the rendezvous store (a connection that
+    closed as a node left, with C++ frames), which the launcher's last line explains. The level is
+    read as torch loads, so the workers, which take the environment as it was, keep theirs."""
+    user = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = user or "ERROR"
+    try:
+        from torch.distributed import run as torchrun
+    finally:
+        if user is None:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
+    return torchrun
 
 
 def check_config(args):
@@ -57,6 +73,8 @@ def launch(torchrun, args, errors):
     if several:
         print(f"{node}: meeting the other nodes at {args.rdzv_endpoint} (torchrun waits "
               f"{rendezvous_timeout(args)} s for them)", flush=True)
+    for name in QuietEnding.LOGGERS:
+        logging.getLogger(name).addFilter(QuietEnding())
     try:
         torchrun.run(args)
     except SignalException as e:  # torchrun passed it on and waited for the workers to end
@@ -71,6 +89,9 @@ def launch(torchrun, args, errors):
         print(line, file=sys.stderr, flush=True)
         return code
     except RendezvousError as e:
+        if finished_here(errors, args):  # the job ended; the rendezvous closed as another node left
+            print(f"{node}: the job ended", flush=True)
+            return 0
         if any(errors.glob("started-rank*")):  # the workers had run: a node left, not a set-up mistake
             print(f"error: {node}: the rendezvous at {args.rdzv_endpoint} was lost after the job had started "
                   f"(another node left, or the host serving it went away); the checkpoints written before "
@@ -81,11 +102,38 @@ def launch(torchrun, args, errors):
         else:
             what = f"the rendezvous failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})"
         print(f"error: {node} at {args.rdzv_endpoint}: {what}; start train.sh on every node with the same "
-              f"--nnodes, --master-addr, --master-port and --rdzv-id", file=sys.stderr, flush=True)
+              f"--nnodes, --master-addr, --master-port and --rdzv-id (and another job with other ones)",
+              file=sys.stderr, flush=True)
+        return EXIT_FAILURE
+    except Exception as e:  # noqa: BLE001  torchrun's own failure at a job's edge, e.g. torch 2.14's launch_agent
+        # on an agent whose rendezvous another job's node closed (it returns None: AttributeError)
+        if finished_here(errors, args):
+            print(f"{node}: the job ended", flush=True)
+            return 0
+        print(f"error: {node}: torchrun ended with {type(e).__name__} ({str(e).splitlines()[0][:160] if str(e) else ''}) "
+              f"before this node's workers finished; if another job meets at {args.rdzv_endpoint} with the same "
+              f"--rdzv-id, give each job its own --master-port", file=sys.stderr, flush=True)
         return EXIT_FAILURE
     if several:
         print(f"{node}: the job ended", flush=True)
     return 0
+
+
+class QuietEnding(logging.Filter):
+    """Leaves out torchrun's logs of a job's ending that the launcher's last line says better: the
+    exit barrier and the rendezvous's shut-down failing because the node that hosts the store left
+    first (a traceback with C++ frames, after every worker ended well)."""
+    ENDINGS = ("Error waiting on exit barrier", "has failed to shutdown the rendezvous")
+    LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+
+    def filter(self, record):
+        return not any(ending in str(record.msg) for ending in self.ENDINGS)
+
+
+def finished_here(errors, args):
+    """Whether every worker of this node ended well (the job is done here)."""
+    ended = outcomes(errors)
+    return len(ended) == int(args.nproc_per_node) and not any(code for code, _ in ended.values())
 
 
 # The signals torchrun itself ends the other workers with once one has failed (SIGTERM, then SIGKILL
