@@ -215,7 +215,8 @@ def test_a_data_path_the_system_refuses_is_one_line(tmp_path):
 def test_names_that_are_not_utf8_train_and_resume(tmp_path, digits):
     """Names are bytes on Linux: a data folder, a class folder and a file whose names are not valid
     UTF-8 train, print (also to a terminal that takes UTF-8 only) and resume mid-epoch; a file moved
-    to another class under the same name (the image count kept) is other data to the resume."""
+    to another class under the same name (the image count kept), or renamed to another name that is
+    not UTF-8, is other data to the resume."""
     root = os.fsencode(tmp_path) + b"/d\xe9"
     shutil.copytree(digits, os.fsdecode(root))
     for split in (b"train", b"val"):
@@ -235,7 +236,11 @@ def test_names_that_are_not_utf8_train_and_resume(tmp_path, digits):
     os.rename(root + b"/train/3/\xff\xfe.jpg", root + b"/train/5/\xff\xfe.jpg")
     moved = train_py("--resume", "auto")
     assert moved.returncode == 2 and b"on other data (train: the same 1437 images, other files or labels)" in moved.stderr
-    os.rename(root + b"/train/5/\xff\xfe.jpg", root + b"/train/3/\xff\xfe.jpg")
+    # another name that a lossy decoding ('?' for each byte that is not UTF-8) would not tell apart
+    os.rename(root + b"/train/5/\xff\xfe.jpg", root + b"/train/3/\xfe\xff.jpg")
+    renamed = train_py("--resume", "auto")
+    assert renamed.returncode == 2 and b"on other data (train: the same 1437 images, other files or labels)" in renamed.stderr
+    os.rename(root + b"/train/3/\xfe\xff.jpg", root + b"/train/3/\xff\xfe.jpg")
     resumed = train_py("--resume", "auto")
     assert resumed.returncode == 0 and b"data changed" not in resumed.stdout, resumed.stderr[-2000:]
     assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 1

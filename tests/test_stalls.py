@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conftest import ROOT, as_from_a_shell, free_port, process_tree
 from mobilenet.checkpoint import load_checkpoint
+from mobilenet.watchdog import PUBLISH_EVERY_S
 from test_cluster import kill_rank_1_mid_epoch
 
 DEMO = ["--config", "configs/demo.yaml", "device=cpu", "data.cache_mb=0", "data.workers=1",
@@ -209,14 +210,16 @@ def test_a_stopped_rank_is_named_by_the_others(tmp_path, digits):
 
 def test_a_slow_but_healthy_rank_in_validation_is_waited_for(tmp_path, digits):
     """Rank 1's validation crawls (its loader workers stopped for 1 s at a time, for longer than
-    train.stall_timeout in all) while rank 0 waits for it: rank 1 makes progress, so the job goes on."""
+    train.stall_timeout and the watchdog's decision in all) while rank 0 waits for it: rank 1
+    makes progress, so the job goes on."""
     ranks = start_modelzoo_ranks(tmp_path / "run", digits, "train.stall_timeout=3", "data.workers=1", "--epochs", "2",
                                  "train.max_steps_per_epoch=6", "data.val_batch_size=1")
     try:
         wait_for_steps(ranks[0], "Epoch: [1][1/6]")  # the validation loader's worker exists from epoch 0 on
         val_worker = max(process_tree(ranks[1].pid)[1:], key=started)  # started after the training one's
         os.kill(val_worker, signal.SIGSTOP)
-        deadline = time.monotonic() + 6  # twice the timeout
+        # longer than the watchdog takes to fire (3 s) and to decide (2.5 x PUBLISH_EVERY_S), with room
+        deadline = time.monotonic() + 2 * (3 + 2.5 * PUBLISH_EVERY_S)
         while time.monotonic() < deadline and ranks[1].poll() is None:
             time.sleep(1)
             os.kill(val_worker, signal.SIGCONT)
