@@ -108,9 +108,16 @@ class LossScaler:
                 "skipped": self.skipped.item()}
 
     def load_state_dict(self, state):
-        self.scale.fill_(state["scale"])
+        """A checkpoint's scaler state; a static scale stays this run's (amp.loss_scale). Returns
+        the note that says so where the checkpoint's differed, else None."""
         self.growth_tracker.fill_(state["growth_tracker"])
         self.skipped.fill_(state["skipped"])
+        if self.dynamic:
+            self.scale.fill_(state["scale"])
+        elif state["scale"] != self.scale.item():
+            return (f"amp.loss_scale: the checkpoint's scale was {state['scale']:g}, this run's is "
+                    f"{self.scale.item():g} (config.yaml), which it trains with")
+        return None
 
 
 def flat_views(tensors, dtype):
@@ -249,8 +256,11 @@ class NativePrecision:
         return {"scaler": self.scaler.state_dict()} if self.scaler else {}
 
     def load_state_dict(self, state):
+        """A checkpoint's amp state; returns notes where a setting of this run's stays (the scale)."""
         if self.scaler and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+            note = self.scaler.load_state_dict(state["scaler"])
+            return [note] if note else []
+        return []
 
 
 class ApexPrecision:
@@ -331,6 +341,7 @@ class ApexPrecision:
         if state.get("apex"):
             self.amp.load_state_dict(state["apex"])
             self.skipped = state.get("skipped", 0)
+        return []
 
 
 def grads_of(optimizer):

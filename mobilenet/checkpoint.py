@@ -3,7 +3,7 @@ that keeps one live run per run directory.
 
 The dict uses the Ascend ModelZoo keys (epoch, arch, state_dict, best_prec1, optimizer), so our
 files and theirs load through the same code; ours add epoch_step (batches done in the epoch under
-way), scheduler, amp, ema, rng, data and config.
+way), global_step, validated, scheduler, amp, ema, rng (every rank's), data and config.
 """
 import contextlib
 import fcntl

@@ -92,13 +92,15 @@ def host_group():
     return dist.new_group(backend="gloo")
 
 
-def any_rank(flag):
-    """True on every rank when ``flag`` is true on any (a world of one: ``flag`` itself)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    tensor = torch.tensor([int(flag)])
-    dist.all_reduce(tensor, group=host_group())
-    return bool(tensor.item())
+def any_rank(*flags):
+    """For each flag, whether it is true on any rank, alike on every rank (one host reduction; a
+    world of one: the flags themselves). One flag: a bool; several: a list."""
+    found = [bool(flag) for flag in flags]
+    if dist.is_available() and dist.is_initialized():
+        tensor = torch.tensor(found, dtype=torch.int32)
+        dist.all_reduce(tensor, group=host_group())
+        found = [bool(value) for value in tensor.tolist()]
+    return found[0] if len(found) == 1 else found
 
 
 def any_rank_restarted(world):
@@ -125,6 +127,16 @@ def from_rank0(compute):
     if kind == "error":
         raise value
     return value
+
+
+def every_rank(value):
+    """[rank 0's value, rank 1's, ...] on every rank (pickled, through the host group); [value] in
+    a world of one. Every rank must call it at the same point."""
+    if not is_distributed():
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value, group=host_group())
+    return values
 
 
 def is_distributed():
@@ -154,12 +166,14 @@ BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
 
 
 def checksum(value, device):
-    """An int64 sum of ``value``'s bit patterns (a tensor or a number): equal tensors give equal
-    sums, and a changed bit (a diverged rank, a memory fault) changes it."""
+    """The int64 sum of ``value``'s bit patterns (a tensor or a number), each weighted by its
+    position (1, 2, 3, ...; wrapping at 2**64): equal tensors give equal sums; one changed bit (a
+    diverged rank, a memory fault), two elements swapped, or a sign flipped in two places changes it."""
     if not isinstance(value, torch.Tensor):
         value = torch.tensor(float(value), dtype=torch.float64)
     bits = value.detach().to(device).contiguous().reshape(-1).view(BITS[value.element_size()])
-    return bits.sum(dtype=torch.int64)
+    position = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64)
+    return (bits.to(torch.int64) * position).sum()
 
 
 def first_disagreement(named, device):

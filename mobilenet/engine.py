@@ -11,17 +11,18 @@ from typing import NamedTuple
 import torch
 
 from mobilenet import checkpoint as ckpt
+from mobilenet.config import flatten, thaw
 from mobilenet.data import build_datasets, build_loaders
 from mobilenet.data.datasets import WorkerSignals, data_record, unreadable_flags, usable_cores
 from mobilenet.data.prepared import is_prepared
 from mobilenet.device import open_device, peak_memory_mb
 from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
-                                   from_rank0, host_group, init_process_group, world_from_env)
+                                   every_rank, from_rank0, host_group, init_process_group, world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
 from mobilenet.logging import (RunLogger, accuracy_line, progress_line, read_summary,
                                run_description)
 from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown, named_phase, profiler
-from mobilenet.training import TrainingState
+from mobilenet.training import TrainingState, data_changes
 from mobilenet.watchdog import Watchdog, kill_loader_workers
 
 
@@ -99,8 +100,15 @@ class StopOnSignal:
         for sig in self.previous:
             signal.signal(sig, signal.SIG_IGN)
 
-    def should_stop(self):
-        return any_rank(self.received is not None)
+    def vote(self, save_due=False):
+        """Vote(stop, save) alike on every rank: whether any rank received a stop signal, and
+        whether any asks for the periodic save (``save_due``: rank 0's clock); one host reduction."""
+        return Vote(*any_rank(self.received is not None, save_due))
+
+
+class Vote(NamedTuple):
+    stop: bool
+    save: bool
 
 
 def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
@@ -130,6 +138,7 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
         with ckpt.claim_run_directory(cfg["output"], resume=resume, start_over=start_over,
                                       claim=world.is_main and not evaluate_only):
             r = build_run(cfg, world, device)
+            check_same_job(r)
             if restarted:
                 r.log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
             if resume:
@@ -145,7 +154,6 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
 
 
 def build_run(cfg, world, device):
-    torch.manual_seed(cfg["seed"] + world.rank)
     derived, data = cfg["derived"], cfg["data"]
     log = RunLogger(Path(cfg["output"]), enabled=world.is_main)
     train_set, val_set = build_datasets(data, cfg["model"], decode=derived["decode"])
@@ -155,7 +163,7 @@ def build_run(cfg, world, device):
                                              workers=derived["workers"], decode=derived["decode"])
     limit = cfg["train"]["max_steps_per_epoch"]
     steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
-    state = TrainingState(cfg, device, steps)
+    state = TrainingState(cfg, device, steps, rank=world.rank)
     state.data = {"train": data_record(train_set), "val": data_record(val_set)}
     for line in run_description(cfg, device=device, images=(len(train_set), len(val_set)), steps=steps):
         log.info(line)
@@ -168,6 +176,35 @@ def build_run(cfg, world, device):
     watchdog = Watchdog(cfg["train"]["stall_timeout"], world, data["path"], Path(cfg["output"]) / "checkpoints")
     return Run(cfg, world, device, state, train_loader, val_loader, log, worker_signals, watchdog,
                RunClock(compiled=derived["compile"] is not None), breakdown)
+
+
+# Settings that may differ between the processes of a job: where things are on each machine and
+# how each process is fed, not what is trained (each node may hold the data elsewhere; the loader's
+# workers and the decode choice follow the node's cores and card).
+PER_PROCESS = ("device_id", "output", "data.path", "data.workers", "data.cache_mb", "derived.workers",
+               "derived.decode", "derived.decode_why", "derived.command_line")
+
+
+def check_same_job(r):
+    """Every process trains what rank 0 trains: the same resolved config (less PER_PROCESS) and
+    the same data records, compared before anything is loaded or trained; a difference is one line
+    naming the first rank that differs, on every rank."""
+    mine = {key: value for key, value in flatten(thaw(r.cfg)) if key not in PER_PROCESS}
+    everyone = every_rank((mine, r.state.data))
+    settings, data = everyone[0]
+    for rank, (their_settings, their_data) in enumerate(everyone[1:], start=1):
+        differ = [key for key in settings.keys() | their_settings.keys()
+                  if settings.get(key) != their_settings.get(key)]
+        if differ:
+            key = min(differ, key=lambda k: (k.startswith("derived."), k))  # a setting before what follows
+            raise UsageError(f"rank {rank} was given other settings than rank 0: {key} is "
+                             f"{their_settings.get(key)!r} there, {settings.get(key)!r} on rank 0"
+                             f"{f' (and {len(differ) - 1} more)' if len(differ) > 1 else ''}; start every "
+                             f"process of the job with the same command and settings")
+        changed = data_changes(data, their_data, then="on rank 0", here="there")
+        if changed:
+            raise UsageError(f"rank {rank} reads other data than rank 0 ({changed}); every node needs the "
+                             f"same copy of the dataset")
 
 
 def evaluate_only_run(r):
@@ -206,24 +243,23 @@ def fit(r):
     totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0, "other_load": OtherLoad()}
     results = {"": Accuracy(0.0, 0.0, 0, 0)}
     run_start, epoch_seconds = time.perf_counter(), 0.0
-    periodic = ckpt.Every(cfg["train"]["checkpoint_every_minutes"] if r.world.is_main else 0)
-
-    def save_if_due():
-        if periodic.due():
-            save_last_if_finite(r, saver)
+    periodic = ckpt.Every(cfg["train"]["checkpoint_every_minutes"] if r.world.is_main else 0)  # rank 0's clock
     trace = Path(cfg["output"]) / "profile"
     with (r.watchdog, StopOnSignal(r.world, r.watchdog) as stop, r.worker_signals.protect(),
           profiler(r.device, trace, cfg["train"]["profile"] and r.world.is_main) as prof):
+        r.state.start_random_states()
         while True:
             if r.state.awaiting_validation:
+                if stop.vote(save_due=periodic.due()).save:  # the epoch's last step, before its validation
+                    save_last_if_finite(r, saver)
                 results = end_epoch(r, saver, epoch_seconds=epoch_seconds)
-                if not r.state.finished and stop.should_stop():
+                if not r.state.finished and stop.vote().stop:
                     return stopped(r, saver, stop)
             if r.state.finished:
                 return finish(r, totals, results)  # a signal now waits until the summary is written
             meter = EpochMeter(device=r.device, world_size=r.world.size, global_batch=cfg["derived"]["global_batch"],
                                run_start=run_start, at_step=r.state.global_step, sync_wait=r.breakdown is not None)
-            train_one_epoch(r, meter, stop, prof, save_if_due)
+            train_one_epoch(r, meter, stop, prof, periodic=periodic, save=lambda: save_last_if_finite(r, saver))
             for key, value in meter.totals(r.state.global_step).items():  # images, seconds, data_wait_s
                 totals[key] += value
             epoch_seconds = meter.seconds
@@ -253,8 +289,9 @@ def end_epoch(r, saver, epoch_seconds):
         r.log.info(f"warning: class {name!r} ({split}): none of its {files} files could be read, so "
                    f"{'no image of it is trained on' if split == 'train' else 'it is left out of the accuracy'}; "
                    f"fix its files or remove the class folder from train/ and val/")
+    checkpoint = r.state.state_dict()  # every rank: their random states are gathered
     if r.world.is_main:
-        saver.save(r.state.state_dict(), r.state.epoch, is_best)
+        saver.save(checkpoint, r.state.epoch, is_best)
     if not own.scored:
         raise UsageError(f"--data {r.cfg['data']['path']}: none of the {own.left_out} val images could be "
                          f"read (see the warnings), so there is no accuracy; the training is saved in "
@@ -300,18 +337,20 @@ def finish(r, totals, results):
 
 def save_last_if_finite(r, saver):
     """last.pt between log intervals (periodic, or on a signal), unless the weights diverged since
-    the last loss check: then the run stops and the last good checkpoint stays."""
-    if not r.state.weights_finite():
+    the last loss check: then the run stops and the last good checkpoint stays. Every rank takes
+    part (their random states are gathered); rank 0 writes."""
+    if not r.state.weights_finite():  # alike on every rank: they hold the same weights
         raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before batch "
                               f"{r.state.epoch_step}: stopped; nothing saved after {saver.last}")
-    saver.save_last(r.state.state_dict())
+    checkpoint = r.state.state_dict()
+    if r.world.is_main:
+        saver.save_last(checkpoint)
 
 
 def stopped(r, saver, stop):
     """After SIGTERM/SIGINT/SIGHUP: a resumable last.pt, and how to resume."""
     stop.saving()
-    if r.world.is_main:
-        save_last_if_finite(r, saver)
+    save_last_if_finite(r, saver)
     r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.state.epoch} batch "
                f"{r.state.epoch_step}, saved {saver.last}. Resume with the same command plus "
                f"--output {r.cfg['output']} --resume auto")
@@ -368,20 +407,24 @@ def log_interval(r, loss, interval):
                  img_per_s=interval.img_per_s, data_wait=interval.data_wait, **extras)
 
 
-def train_one_epoch(r, meter, stop, prof, after_step):
+def train_one_epoch(r, meter, stop, prof, *, periodic, save):
     """Trains from batch ``r.state.epoch_step`` to the end of the epoch, or until ``stop`` says so,
-    measured by ``meter``. ``after_step``: the periodic checkpoint. Steps that compile
-    (``r.clock``) are timed apart and left out of the rates."""
+    measured by ``meter``. ``save()`` when ``periodic`` (rank 0's clock) is due, between steps.
+    Steps that compile (``r.clock``) are timed apart and left out of the rates."""
     r.state.train(freeze_bn=r.cfg["train"]["freeze_bn"])
     r.train_loader.sampler.set_epoch(r.state.epoch, r.state.epoch_step * r.cfg["data"]["batch_size"])
-    train_steps(r, meter, stop, prof, after_step)
+    train_steps(r, meter, stop, prof, periodic=periodic, save=save)
 
 
-def train_steps(r, meter, stop, prof, after_step):
+def train_steps(r, meter, stop, prof, *, periodic, save):
     state, log_every = r.state, r.cfg["train"]["log_every"]
     for batch in timed_batches(r, meter):
-        if stop.should_stop():  # every rank votes here, one whose wait was stuck too (batch None)
+        # every rank votes here, one whose wait was stuck too (batch None), and learns of rank 0's save
+        vote = stop.vote(save_due=periodic.due())
+        if vote.stop:
             break
+        if vote.save:
+            save()
         loss = state.train_on(*batch)
         compiled, compile_s = r.clock.after_step(meter, state.global_step, state.mid_epoch)
         if compile_s is not None:
@@ -394,7 +437,6 @@ def train_steps(r, meter, stop, prof, after_step):
                 check_finite(r, loss_mean)
                 log_interval(r, loss_mean, interval)
             r.watchdog.beat(state.global_step)
-        after_step()
         prof.step()
         if state.finished:
             break

@@ -148,9 +148,19 @@ def unwrap_state_dict(checkpoint):
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
+def check_same_model(checkpoint, name, source="checkpoint"):
+    """A UsageError naming ``source`` when its 'arch' (ours, ModelZoo's) is another model of the
+    table than ``name``, saying how to go on with it."""
+    arch = model_name(checkpoint.get("arch")) if checkpoint.get("arch") else None
+    if arch and arch != name:
+        raise UsageError(f"{source}: a {arch} checkpoint (its arch), and this run builds {name} (model.name); "
+                         f"pass model.name={arch} to go on from it")
+
+
 def load_weights(model, checkpoint, source="checkpoint", name="mobilenet_v1"):
-    """Loads weights strictly into ``model`` (of MODELS ``name``); a shape or key mismatch is a
-    UsageError naming ``source``."""
+    """Loads weights strictly into ``model`` (of MODELS ``name``); another model's checkpoint, a
+    shape or a key mismatch is a UsageError naming ``source``."""
+    check_same_model(checkpoint, name, source)
     state = MODELS[name].weights(unwrap_state_dict(checkpoint))
     own = model.state_dict()
     missing = sorted(own.keys() - state.keys())

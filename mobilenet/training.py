@@ -9,6 +9,7 @@ so a change to the schedule, the input dtype or the layout is made here once (th
 benchmark's plain loops build their own, on purpose: they are what the app is measured against).
 """
 import contextlib
+import hashlib
 import re
 import types
 import warnings
@@ -21,12 +22,12 @@ from mobilenet.amp import build_precision
 from mobilenet.config import thaw
 from mobilenet.data.prefetch import DevicePrefetcher
 from mobilenet.device import compiled, device_module
-from mobilenet.distributed import broadcast_from_rank0, first_disagreement, from_rank0, wrap_ddp
+from mobilenet.distributed import broadcast_from_rank0, every_rank, first_disagreement, from_rank0, wrap_ddp
 from mobilenet.ema import WeightEMA
 from mobilenet.errors import TrainingFailure, UsageError
-from mobilenet.model import build_model, load_weights, unwrap_state_dict
-from mobilenet.optim import (IMPLEMENTATIONS, build_optimizer, build_scheduler, hold_lr_in_tensors, hyperparameters,
-                             plain_numbers)
+from mobilenet.model import build_model, check_same_model, load_weights, unwrap_state_dict
+from mobilenet.optim import (ALGORITHMS, IMPLEMENTATIONS, build_optimizer, build_scheduler, hold_lr_in_tensors,
+                             hyperparameters, plain_numbers)
 
 NO_PHASE = contextlib.nullcontext()
 
@@ -99,6 +100,7 @@ def build_train_step(cfg, device):
     """The TrainStep for a resolved config, on ``device`` (the process's card)."""
     derived, model_cfg, optim = cfg["derived"], cfg["model"], cfg["optim"]
     implementation = derived["optimizer_implementation"]
+    torch.manual_seed(cfg["seed"])  # the initial weights, whatever this process drew from before
     net = build_model(model_cfg)
     if model_cfg["pretrained"]:
         load_weights(net, ckpt.load_checkpoint(model_cfg["pretrained"]), model_cfg["pretrained"], model_cfg["name"])
@@ -137,8 +139,8 @@ class TrainingState:
     ``state_dict()`` is the checkpoint (Ascend ModelZoo's keys epoch, arch, state_dict,
     best_prec1, optimizer, plus ours); ``resume()`` picks and restores one."""
 
-    def __init__(self, cfg, device, steps_per_epoch):
-        self.cfg, self.device, self.steps_per_epoch = cfg, device, steps_per_epoch
+    def __init__(self, cfg, device, steps_per_epoch, rank=0):
+        self.cfg, self.device, self.steps_per_epoch, self.rank = cfg, device, steps_per_epoch, rank
         self.train_step = build_train_step(cfg, device)
         self.scheduler = build_scheduler(self.train_step.optimizer, schedule=cfg["schedule"],
                                          base_lr=cfg["derived"]["lr"], steps_per_epoch=steps_per_epoch,
@@ -148,7 +150,18 @@ class TrainingState:
                                     # resume, or a changed epoch length, does not renumber them)
         self.awaiting_validation = False  # the last step ended an epoch (or the run) not yet validated
         self.resumed_at = None
+        self.settings_kept = []  # notes: this run's settings where a resumed checkpoint had others
+        # this rank's random generators at the first step (dropout's draws): seeded, or a checkpoint's
+        self.rng_start = training_seed(cfg["seed"], rank, 0)
         self.data = None  # {"train": data_record, "val": ...}: what the run trains on (set by its builder)
+
+    def start_random_states(self):
+        """This rank's random generators as the position says (before the first step): whatever
+        the process drew from them before (another run, a cost estimate) changes no draw."""
+        if isinstance(self.rng_start, int):
+            torch.manual_seed(self.rng_start)
+        else:
+            set_rng_states(self.rng_start, self.device)
 
     # What the loop needs of the step, so that it never reaches into it.
     def batches(self, loader):
@@ -230,7 +243,7 @@ class TrainingState:
 
     def shared_state(self):
         """[(name, tensor or number)] of what must be equal on every rank (check_ranks_agree)."""
-        checkpoint = {k: v for k, v in self.state_dict().items() if k not in PER_RANK_KEYS}
+        checkpoint = {k: v for k, v in self.state_dict(every_rank_rng=False).items() if k not in PER_RANK_KEYS}
         items = list(flat_items(checkpoint))
         seen = {where(value) for _, value in items if isinstance(value, torch.Tensor)}
         # the network's tensors that the checkpoint does not hold already (O2's half weights)
@@ -271,11 +284,14 @@ class TrainingState:
         return is_best
 
     # The checkpoint.
-    def state_dict(self):
+    def state_dict(self, every_rank_rng=True):
+        """The checkpoint. ``rng``: every rank's random generators, by rank (a collective: every
+        rank calls it at once); without ``every_rank_rng``, this rank's alone (no collective)."""
         step = self.train_step
+        rng = every_rank(rng_states(self.device)) if every_rank_rng else [rng_states(self.device)]
         return {"arch": self.cfg["model"]["name"], "epoch": self.epoch, "epoch_step": self.epoch_step,
                 "global_step": self.global_step, "validated": not self.awaiting_validation,
-                "best_prec1": self.best_top1, "rng": rng_states(self.device),
+                "best_prec1": self.best_top1, "rng": rng,
                 "state_dict": step.precision.weights(step.net),  # the fp32 masters under O2
                 "optimizer": plain_numbers(step.optimizer.state_dict()),
                 "scheduler": plain_numbers(self.scheduler.state_dict()),
@@ -294,10 +310,8 @@ class TrainingState:
         step.precision.load_weights(unwrap_state_dict(checkpoint))
         if not is_training_checkpoint(checkpoint):
             return False
-        step.optimizer.load_state_dict(checkpoint["optimizer"])
-        if step.compiled:  # load_state_dict put the saved float LRs where the tensors were
-            hold_lr_in_tensors(step.optimizer)
-        step.precision.load_state_dict(checkpoint.get("amp") or {})
+        self.settings_kept = load_optimizer_state(step, checkpoint["optimizer"], self.cfg["optim"])
+        self.settings_kept += step.precision.load_state_dict(checkpoint.get("amp") or {})
         if step.ema is not None and checkpoint.get("ema"):
             step.ema.load_state_dict(checkpoint["ema"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
@@ -307,7 +321,8 @@ class TrainingState:
         self.global_step = checkpoint.get("global_step", self.epoch * self.steps_per_epoch + self.epoch_step)
         self.awaiting_validation = not checkpoint.get("validated", self.epoch_step < self.steps_per_epoch)
         self.best_top1 = float(checkpoint["best_prec1"])
-        set_rng_states(checkpoint["rng"], self.device)
+        self.rng_start = rank_rng(checkpoint["rng"], self.rank) or training_seed(self.cfg["seed"], self.rank,
+                                                                                   self.global_step)
         if self.epoch_step and self.cfg["train"]["resume_next_epoch"] and not self.awaiting_validation:
             # the rest of the epoch is skipped
             self.epoch, self.epoch_step = self.epoch + 1, 0
@@ -324,6 +339,7 @@ class TrainingState:
         self.epoch, self.epoch_step = checkpoint["epoch"], 0
         self.global_step = self.epoch * self.steps_per_epoch
         self.best_top1 = float(checkpoint["best_prec1"])
+        self.rng_start = training_seed(self.cfg["seed"], self.rank, self.global_step)
         self.step_schedule(at=self.global_step)  # the LR of that epoch's first step
         left = ["the loss scaler's and the random generators' states (ModelZoo's checkpoints hold neither)"]
         misfit = optimizer_misfit(checkpoint.get("optimizer"), self.train_step.optimizer, self.cfg["optim"]["name"])
@@ -331,11 +347,9 @@ class TrainingState:
             left.insert(0, f"its optimizer state ({misfit})")
         else:
             lrs = [group["lr"] for group in self.train_step.optimizer.param_groups]
-            self.train_step.optimizer.load_state_dict(checkpoint["optimizer"])
+            self.settings_kept = load_optimizer_state(self.train_step, checkpoint["optimizer"], self.cfg["optim"])
             for group, lr in zip(self.train_step.optimizer.param_groups, lrs):
                 group["lr"] = lr  # the schedule's, for that epoch
-            if self.train_step.compiled:
-                hold_lr_in_tensors(self.train_step.optimizer)
         return left
 
     # The resume policy.
@@ -359,7 +373,7 @@ class TrainingState:
         if left:
             say(f"note: {path} is a checkpoint of ModelZoo's main.py: its weights, epoch and best top-1 "
                 f"{self.best_top1:.3f} are taken, not {' nor '.join(left)}")
-        for change in self.changes_since(checkpoint):
+        for change in self.settings_kept + self.changes_since(checkpoint):
             say(f"note: {change}")
 
     def changes_since(self, checkpoint):
@@ -388,6 +402,7 @@ class TrainingState:
     def check_resumable(self, checkpoint, source):
         """The one place that says why a training checkpoint cannot continue in this run."""
         weights_only = f"to start from its weights only, pass model.pretrained={source} instead of --resume"
+        check_same_model(checkpoint, self.cfg["model"]["name"], source)
         for key, expected, fits in FIELDS:
             if not fits(checkpoint.get(key)):
                 raise UsageError(f"{source}: not a checkpoint this app can resume: its '{key}' is "
@@ -417,6 +432,28 @@ class TrainingState:
         if groups != own:
             raise UsageError(f"{source}: its optimizer has parameter groups of {groups} tensors, this "
                              f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
+
+
+def load_optimizer_state(step, saved, optim):
+    """``saved`` (an optimizer state dict) into ``step``'s optimizer, whose settings stay this run's
+    (torch's load_state_dict takes the checkpoint's: its momentum, weight decay, its foreach or
+    fused flag); the LR is the schedule's. Returns a note per optim.* setting the checkpoint had
+    another value of."""
+    optimizer = step.optimizer
+    own = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    named = {"weight_decay", *ALGORITHMS[optim["name"]].hyperparameters}
+    notes = {}
+    for group, settings in zip(optimizer.param_groups, own):
+        for key, value in settings.items():
+            if key not in ("lr", "initial_lr") and group.get(key) != value:
+                if key in named:
+                    notes.setdefault(key, f"optim.{key}: the checkpoint's optimizer had {group.get(key)}, this "
+                                          f"run's is {value} (config.yaml), which it trains with")
+                group[key] = value
+    if step.compiled:  # load_state_dict put the saved float LRs where the tensors were
+        hold_lr_in_tensors(optimizer)
+    return [notes[key] for key in sorted(notes)]
 
 
 def choose_checkpoint(resume, fallback, evaluate_only, output, say):
@@ -483,16 +520,16 @@ FIELDS = [("epoch", "a whole number", whole), ("epoch_step", "a whole number", w
           ("best_prec1", "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
           ("optimizer", "an optimizer state dict", lambda v: isinstance(v, dict) and "param_groups" in v),
           ("scheduler", "a scheduler state dict", lambda v: isinstance(v, dict)),
-          ("rng", "the random generators' states", lambda v: isinstance(v, dict) and "torch" in v),
+          ("rng", "the random generators' states", lambda v: rng_field(v)),
           ("global_step", "a whole number (or absent)", lambda v: v is None or whole(v)),
           ("validated", "true or false (or absent)", lambda v: v is None or isinstance(v, bool))]
 KNOWN_KEYS = {"arch", "epoch", "epoch_step", "global_step", "validated", "best_prec1", "rng", "state_dict",
               "optimizer", "scheduler", "amp", "ema", "data", "config"}
 
 
-def data_changes(was, now):
+def data_changes(was, now, then="then", here="now"):
     """'train: 1437 images then, 718 now; val: the same count, other files' for the splits that
-    differ between two data descriptions, or '' (also when one is missing)."""
+    differ between two data records, or '' (also when one is missing); ``then`` and ``here`` name them."""
     if not was or not now:
         return ""
     changes = []
@@ -501,7 +538,7 @@ def data_changes(was, now):
         if before != after:
             counts = (f"the same {after['images']} images, other files or labels"
                       if before.get("images") == after["images"]
-                      else f"{before.get('images')} images then, {after['images']} now")
+                      else f"{before.get('images')} images {then}, {after['images']} {here}")
             changes.append(f"{split}: {counts}")
     return "; ".join(changes)
 
@@ -537,7 +574,28 @@ def is_training_checkpoint(checkpoint):
     return bool(checkpoint.get("optimizer")) and bool(checkpoint.get("scheduler"))
 
 
+def training_seed(seed, rank, global_step):
+    """The seed of ``rank``'s random generators for training from ``global_step`` where no state of
+    them was saved: a stream of its own per (seed, rank, step), apart from the initial weights'."""
+    return int.from_bytes(hashlib.sha256(f"train {seed} {rank} {global_step}".encode()).digest()[:8], "little")
+
+
+def rng_field(value):
+    """Whether ``value`` is a checkpoint's random states: a list by rank (or one rank's, written
+    before every rank's were kept)."""
+    states = [value] if isinstance(value, dict) else value
+    return isinstance(states, list) and bool(states) and all(isinstance(s, dict) and "torch" in s for s in states)
+
+
+def rank_rng(saved, rank):
+    """``rank``'s states among a checkpoint's (a list by rank; a checkpoint written before every
+    rank's were kept holds rank 0's alone), or None where it holds none of that rank."""
+    states = [saved] if isinstance(saved, dict) else saved
+    return states[rank] if rank < len(states) else None
+
+
 def rng_states(device):
+    """This process's random generators: torch's (cpu) and its device's."""
     states = {"torch": torch.get_rng_state()}
     module = device_module(device)
     if module is not None:

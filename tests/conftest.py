@@ -1,3 +1,4 @@
+import shutil
 import signal
 import socket
 import subprocess
@@ -106,8 +107,9 @@ def assert_same_weights(a, b):
         assert torch.equal(value, state_b[key]), key
 
 
-# Two processes with loader workers, synthetic data, 40 steps of one epoch.
-TWO_RANKS = ["--nproc", "2", *TINY, "--data", "synthetic", "data.synthetic_size=4000",
+# Two processes with loader workers, synthetic data, 40 steps of one epoch, of a model with dropout
+# (its draws differ by rank: a resume must give each rank its own random states back).
+TWO_RANKS = ["--nproc", "2", *TINY, "--data", "synthetic", "data.synthetic_size=4000", "model.name=mobilenet_v2",
              "model.num_classes=10", "data.batch_size=8", "data.workers=2", "train.log_every=3",
              "train.max_steps_per_epoch=40", "--epochs", "1"]
 
@@ -137,3 +139,17 @@ def start_two_ranks(out, *extra):
                             start_new_session=True, preexec_fn=as_from_a_shell)
 
 
+def in_small_tmpfs(tmp_path, size, script, **fields):
+    """Runs the shell ``script`` with a tmpfs of ``size`` bytes mounted at {mount} (in a user and
+    mount namespace: a real file system that fills up); skips where that cannot be mounted."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is needed to mount a small tmpfs")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    script = f"mount -t tmpfs -o size={size} tmpfs {mount} || exit 99\n" + script.format(
+        mount=mount, python=sys.executable, train=ROOT / "train.py", **fields)
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if result.returncode == 99:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    return mount, result

@@ -45,6 +45,75 @@ def train(args, world, device, resume=None, before_fit=None):
         return r, fit(r)
 
 
+def storage_order(tensor):
+    """A flat view of a dense tensor's elements as they lie in memory (channels_last too)."""
+    return tensor.detach().as_strided((tensor.numel(),), (1,), tensor.storage_offset())
+
+
+def swap_two(tensor):
+    """Swaps two elements of different value (a fault that a plain sum of the bits misses); returns
+    the undo."""
+    flat = storage_order(tensor)
+    i = 0
+    j = int((flat != flat[i]).nonzero()[0])
+    flat[[i, j]] = flat[[j, i]]
+    return lambda: swap_back(flat, i, j)
+
+
+def swap_back(flat, i, j):
+    flat[[i, j]] = flat[[j, i]]
+
+
+def flip_opposite_signs(tensor):
+    """Flips the sign of a positive and of a negative element (the bit patterns' plain sum stays);
+    returns the undo."""
+    flat = storage_order(tensor)
+    both = [int((flat > 0).nonzero()[0]), int((flat < 0).nonzero()[0])]
+    flat[both] = -flat[both]
+    return lambda: flat.__setitem__(both, -flat[both])
+
+
+def scaled(tensor, factor):
+    tensor.mul_(factor)
+    return lambda: tensor.div_(factor)
+
+
+def later_schedule(scheduler):
+    scheduler.last_epoch += 1
+    return lambda: setattr(scheduler, "last_epoch", scheduler.last_epoch - 1)
+
+
+# One fault in one part of what a rank holds, each the only difference between the ranks: {part:
+# (whether the variant has that part, the fault, applied on rank 1; returns its undo)}.
+FAULTS = {
+    "momentum": (lambda s: bool(s.train_step.optimizer.state),
+                 lambda s: swap_two(next(iter(s.train_step.optimizer.state.values()))["momentum_buffer"])),
+    "loss scale": (lambda s: getattr(s.train_step.precision, "scaler", None) is not None,
+                   lambda s: scaled(s.train_step.precision.scaler.scale, 2.0)),
+    "EMA": (lambda s: s.train_step.ema is not None,
+            lambda s: flip_opposite_signs(next(s.train_step.ema.module.parameters()))),
+    "half weights": (lambda s: next(s.train_step.net.parameters()).dtype == torch.float16,
+                     lambda s: swap_two(next(s.train_step.net.parameters()))),
+    "scheduler": (lambda s: True, lambda s: later_schedule(s.scheduler)),
+}
+
+
+def check_each_fault(state, rank):
+    """{part: the rank check's failure (or 'agreed')} for one fault at a time on rank 1."""
+    found = {}
+    for part, (present, fault) in FAULTS.items():
+        if not present(state):
+            continue
+        undo = fault(state) if rank == 1 else (lambda: None)
+        try:
+            state.check_ranks_agree()
+            found[part] = "agreed"
+        except TrainingFailure as e:
+            found[part] = str(e)
+        undo()
+    return found
+
+
 def diverge_rank_1(r):
     if r.world.rank == 1:  # a memory fault, say: DDP's grad all-reduce never makes it equal again
         with torch.no_grad():
@@ -72,6 +141,7 @@ def main(out, data, variants):
                 continue
             r, summary = train(args, world, device)
             torch.save({**held_state(r), "top1": summary["top1"]}, folder / f"rank{world.rank}.pt")
+            (folder / f"faults{world.rank}.json").write_text(json.dumps(check_each_fault(r.state, world.rank)))
     finally:
         destroy()
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, in_small_tmpfs
 from mobilenet.checkpoint import load_checkpoint
 
 BASE = ["--config", "configs/demo.yaml", *TINY, "train.max_steps_per_epoch=4"]
@@ -60,11 +60,16 @@ def test_a_modelzoo_checkpoint_resumes_at_its_epoch_with_its_momentum(two_epochs
     with its best top-1 and SGD momentum: the second epoch ends as the uninterrupted run's did."""
     theirs = tmp_path / "checkpoint.pth.tar"
     first = load_checkpoint(two_epochs / "checkpoints" / "epoch_001.pt")
+    for group in first["optimizer"]["param_groups"]:  # its own settings, which this run's replace
+        group.update(momentum=0, weight_decay=0.5)
     torch.save(as_modelzoo_saves_it({**first, "best_prec1": 99.5}), theirs)
     capsys.readouterr()
     assert run(digits, tmp_path / "from_theirs", "--epochs", "2", "--resume", str(theirs)) == 0
     said = capsys.readouterr().out
     assert f"resumed from {theirs} (epoch 1, batch 0; global step 4)" in said
+    for setting, was, now in (("momentum", 0, 0.9), ("weight_decay", 0.5, 5e-05)):
+        assert (f"note: optim.{setting}: the checkpoint's optimizer had {was}, this run's is {now} (config.yaml), "
+                f"which it trains with") in said
     assert (f"note: {theirs} is a checkpoint of ModelZoo's main.py: its weights, epoch and best top-1 99.500 are "
             f"taken, not the loss scaler's and the random generators' states (ModelZoo's checkpoints hold neither)") in said
     ours, straight = (load_checkpoint(folder / "checkpoints" / "last.pt") for folder in (tmp_path / "from_theirs", two_epochs))
@@ -75,6 +80,18 @@ def test_a_modelzoo_checkpoint_resumes_at_its_epoch_with_its_momentum(two_epochs
     assert run(digits, tmp_path / "adam", "--epochs", "2", "--resume", str(theirs), "optim.name=adam") == 0
     assert ("taken, not its optimizer state (SGD's momentum, and this run's optimizer is adam) nor the loss "
             "scaler's") in capsys.readouterr().out
+
+
+def test_a_resume_trains_with_the_settings_it_is_given_and_says_which_differ(two_epochs, digits, capsys):
+    capsys.readouterr()
+    assert run(digits, two_epochs, "--epochs", "3", "--resume", "auto", "optim.momentum=0.5",
+               "optim.weight_decay=0.001", "--optimizer", "fused") == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: optim.")]
+    assert said == ["note: optim.momentum: the checkpoint's optimizer had 0.9, this run's is 0.5 (config.yaml), which "
+                    "it trains with", "note: optim.weight_decay: the checkpoint's optimizer had 5e-05, this run's is "
+                    "0.001 (config.yaml), which it trains with"]
+    groups = load_checkpoint(two_epochs / "checkpoints" / "last.pt")["optimizer"]["param_groups"]
+    assert [(g["momentum"], g["weight_decay"], g["fused"]) for g in groups] == [(0.5, 0.001, True)]
 
 
 def test_best_and_epoch_files_are_independent_of_last(two_epochs):
@@ -177,22 +194,6 @@ def test_evaluate_needs_weights(tmp_path, digits, capsys):
     assert run(digits, tmp_path / "run", "--evaluate") == 2
     assert capsys.readouterr().err.strip() == ("error: --evaluate needs weights: --resume FILE or "
                                                "model.pretrained=FILE")
-
-
-def in_small_tmpfs(tmp_path, size, script, **fields):
-    """Runs the shell ``script`` with a tmpfs of ``size`` bytes mounted at {mount} (in a user and
-    mount namespace: a real file system that fills up); skips where that cannot be mounted."""
-    if not shutil.which("unshare"):
-        pytest.skip("unshare (util-linux) is needed to mount a small tmpfs")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    script = f"mount -t tmpfs -o size={size} tmpfs {mount} || exit 99\n" + script.format(
-        mount=mount, python=sys.executable, train=ROOT / "train.py", **fields)
-    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    if result.returncode == 99:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    return mount, result
 
 
 FULL_AT_SAVE = """

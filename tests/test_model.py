@@ -92,3 +92,26 @@ def test_another_model_from_the_table_trains_resumes_exactly_and_validates(tmp_p
     assert summary["val_images_scored"] == 360 and summary["epochs"] == 2
     saved = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
     assert saved["arch"] == name and model_from_checkpoint(saved).__class__.__name__ != "MobileNetV1"
+    checkpoint = tmp_path / "straight" / "checkpoints" / "last.pt"
+    for start in (["--resume", str(checkpoint)], [f"model.pretrained={checkpoint}"]):  # into the default model
+        capsys.readouterr()
+        assert train.main([*args[:-1], "3", "model.name=mobilenet_v1", "--output", str(tmp_path / "other"),
+                           *start]) == 2
+        assert capsys.readouterr().err.strip() == (f"error: {checkpoint}: a {name} checkpoint (its arch), and this "
+                                                   f"run builds mobilenet_v1 (model.name); pass model.name={name} "
+                                                   f"to go on from it")
+
+
+def test_a_run_is_the_same_in_a_fresh_process_and_after_other_runs_in_its_own(tmp_path, digits):
+    """A model with dropout: what ran before in the process (another run, a cost estimate that
+    builds a model) draws from torch's generator, and changes no draw of the run."""
+    import train
+    from conftest import TINY, assert_same_weights, run_train
+    args = ["--config", "configs/demo.yaml", *TINY, "--data", str(digits), "model.name=mobilenet_v2",
+            "train.max_steps_per_epoch=3", "--epochs", "1"]
+    fresh = run_train(*args, "--output", tmp_path / "fresh")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    for run in ("first", "second"):
+        torch.rand(7)  # whatever the process did before
+        assert train.main([*args, "--output", str(tmp_path / run)]) == 0
+        assert_same_weights(tmp_path / "fresh", tmp_path / run)

@@ -3,6 +3,8 @@ optimizer implementation through the engine; every rank then writes everything i
 ranks are compared bit for bit with each other (not only what rank 0 saves), without a resume in
 between. The distributed validation must equal one process evaluating the saved checkpoint."""
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -17,9 +19,12 @@ from mobilenet.optim import SETTINGS
 BASE = ["--config", "configs/demo.yaml", "device=cpu", "model.width_mult=0.25", "model.resolution=32", "data.batch_size=16", "data.workers=0",
         "optim.momentum=0.9", "train.log_every=2", "train.max_steps_per_epoch=4", "--epochs", "1"]
 EMA = ["train.ema_decay=0.5"]  # O2 refuses an EMA
-VARIANTS = {f"{level}-{implementation}": [*BASE, f"amp.level={level}", *settings, *(EMA if level != "O2" else [])]
+# ModelZoo's static scale: the first dynamic scale (2**16) overflows every step of so short a run
+SCALED = {"O0": [], "O1": ["amp.loss_scale=1024"], "O2": ["amp.loss_scale=1024"]}
+VARIANTS = {f"{level}-{implementation}": [*BASE, f"amp.level={level}", *SCALED[level], *settings,
+                                          *(EMA if level != "O2" else [])]
             for level in ("O0", "O1", "O2") for implementation, settings in SETTINGS.items()}
-VARIANTS["apex-O2"] = [*BASE, "amp.level=O2", "amp.backend=apex", "optim.impl=fused"]
+VARIANTS["apex-O2"] = [*BASE, "amp.level=O2", "amp.backend=apex", "optim.impl=fused", *SCALED["O2"]]
 VARIANTS["diverged"] = [*BASE, "amp.level=O0"]
 
 
@@ -68,6 +73,27 @@ def test_every_rank_holds_the_same_state(ranks, digits, variant):
     assert evaluated["top1"] == pytest.approx(held[0]["top1"], abs=1e-9), variant
 
 
+# What the rank check's line names for a fault in each part (tests/rank_states.py FAULTS).
+NAMED = {"momentum": "optimizer.state.0.momentum_buffer", "loss scale": "amp.scaler.scale",
+         "EMA": "ema.module.model.0.0.weight", "half weights": "network.model.0.0.weight",
+         "scheduler": "scheduler.last_epoch"}
+
+
+@pytest.mark.parametrize("variant", [name for name in VARIANTS if name != "diverged"])
+def test_a_fault_in_any_part_of_one_rank_is_found_and_named(ranks, variant):
+    """Each part alone differs on rank 1 (two elements swapped, two opposite signs flipped, a
+    scale or a schedule's position): every rank stops with the line that names it."""
+    found = [json.loads((ranks / variant / f"faults{rank}.json").read_text()) for rank in (0, 1)]
+    assert found[0] == found[1]
+    level = variant.split("-")[0]
+    expected = {"momentum", "scheduler"} | ({"EMA"} if level in ("O0", "O1") else set()) | (
+        {"loss scale"} if level in ("O1", "O2") else set()) | ({"half weights"} if level in ("O2", "apex") else set())
+    assert found[0].keys() == expected, variant
+    for part, line in found[0].items():
+        assert line.startswith(f"the ranks disagree at the end of epoch 1: {NAMED[part]} differs on rank(s) 1 "
+                               f"from rank 0"), (variant, part, line)
+
+
 def test_a_rank_that_goes_its_own_way_stops_the_run_before_the_save(ranks):
     lines = [(ranks / "diverged" / f"rank{rank}.txt").read_text() for rank in (0, 1)]
     assert lines[0] == lines[1], lines
@@ -75,3 +101,31 @@ def test_a_rank_that_goes_its_own_way_stops_the_run_before_the_save(ranks):
                                "on rank(s) 1 from rank 0"), lines[0]
     saved = torch.load(ranks / "diverged" / "run" / "checkpoints" / "last.pt", weights_only=False)
     assert (saved["epoch"], saved["epoch_step"]) == (1, 0)  # the first epoch's, kept
+
+
+def two_ranks_of_one_job(tmp_path, args_of_rank):
+    """Two processes of a --distributed job (ModelZoo's own launch: every process started by hand,
+    each with its own command); returns [(exit code, stderr)] by rank."""
+    from conftest import free_port
+    env = {**os.environ, "RANK_SIZE": "2", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "train.py", *BASE, "--output", str(tmp_path / "run"), "--distributed",
+                               *args_of_rank(rank)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**env, "RANK_ID": str(rank)}) for rank in (0, 1)]
+    return [(proc.wait(timeout=120), proc.stderr.read()) for proc in procs]
+
+
+def test_a_rank_with_other_settings_or_other_data_is_named_before_the_first_step(tmp_path, digits):
+    ended = two_ranks_of_one_job(tmp_path, lambda rank: ["--data", str(digits), *(["optim.lr=0.2"] if rank else [])])
+    for code, stderr in ended:
+        assert code == 2 and stderr.strip().splitlines()[-1] == (
+            "error: rank 1 was given other settings than rank 0: optim.lr is 0.2 there, 0.1 on rank 0 (and 1 "
+            "more); start every process of the job with the same command and settings"), stderr[-2000:]
+    other = tmp_path / "other"
+    shutil.copytree(digits, other)
+    next((other / "train" / "4").iterdir()).unlink()
+    ended = two_ranks_of_one_job(tmp_path, lambda rank: ["--data", str(other if rank else digits)])
+    for code, stderr in ended:
+        assert code == 2 and stderr.strip().splitlines()[-1] == (
+            "error: rank 1 reads other data than rank 0 (train: 1437 images on rank 0, 1436 there); every node "
+            "needs the same copy of the dataset"), stderr[-2000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
