@@ -1,4 +1,5 @@
-"""Mixed precision: apex amp (Ascend fork, combine_grad=True) when importable, else native torch.
+"""Mixed precision: Ascend's apex amp (combine_grad=True; amp.backend auto takes it on npu where it
+imports, as ModelZoo trains), else torch's native amp.
 
 Levels: O0 fp32; O1 autocast with fp32 weights; O2 half model except BatchNorm with fp32 master
 weights that the optimizer updates. Loss scaling (O1, O2) is static or dynamic; natively a step
@@ -15,6 +16,8 @@ import importlib
 import torch
 
 from mobilenet.errors import UsageError
+
+LEVELS = ("O0", "O1", "O2")  # amp.level: fp32, autocast, half model with fp32 masters
 
 
 def import_ascend_apex():

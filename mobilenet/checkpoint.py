@@ -1,9 +1,8 @@
-"""Checkpoints: atomic writes of independent files, safe loading, newest-valid resume, and the lock
-that keeps one live run per run directory.
+"""Checkpoints: their keys (KEYS, the one definition), atomic writes of independent files, safe
+loading, the checkpoint a resume takes, and the lock that keeps one live run per run directory.
 
 The dict uses the Ascend ModelZoo keys (epoch, arch, state_dict, best_prec1, optimizer), so our
-files and theirs load through the same code; ours add epoch_step (batches done in the epoch under
-way), global_step, validated, scheduler, amp, ema, rng (every rank's), data and config.
+files and theirs load through the same code; ours add the rest of KEYS.
 """
 import contextlib
 import fcntl
@@ -19,6 +18,51 @@ from pathlib import Path
 import torch
 
 from mobilenet.errors import TEMPORARIES, TrainingFailure, UsageError
+
+
+def whole(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def rng_field(value):
+    """Whether ``value`` is a checkpoint's random states: a list by rank (or one rank's, written
+    before every rank's were kept)."""
+    states = [value] if isinstance(value, dict) else value
+    return isinstance(states, list) and bool(states) and all(isinstance(s, dict) and "torch" in s for s in states)
+
+
+# The keys of a training checkpoint (mobilenet.state.TrainingState.state_dict writes exactly these;
+# a test ties them): {key: (what a resume requires of it, the test), or None where it takes any
+# value or none}.
+KEYS = {
+    "arch": None,                  # model.name (ModelZoo's: "mobilenet")
+    "epoch": ("a whole number", whole),  # epochs completed
+    "epoch_step": ("a whole number", whole),  # batches done in the epoch under way
+    "global_step": ("a whole number (or absent)", lambda v: v is None or whole(v)),
+    "validated": ("true or false (or absent)", lambda v: v is None or isinstance(v, bool)),
+    "best_prec1": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "rng": ("the random generators' states", rng_field),  # every rank's, by rank
+    "state_dict": None,            # the weights (fp32: the masters under O2)
+    "optimizer": ("an optimizer state dict", lambda v: isinstance(v, dict) and "param_groups" in v),
+    "scheduler": ("a scheduler state dict", lambda v: isinstance(v, dict)),
+    "amp": None, "ema": None,
+    "data": None,                  # the data records of train and val
+    "config": None,                # the resolved config it was trained with
+}
+
+
+def is_training_checkpoint(checkpoint):
+    """Whether a checkpoint dict can continue a run (ours), not only give weights (ModelZoo's own
+    and weights files have no scheduler)."""
+    return bool(checkpoint.get("optimizer")) and bool(checkpoint.get("scheduler"))
+
+
+def malformed_field(checkpoint):
+    """(key, what it must be) of the first field of KEYS that ``checkpoint`` holds wrongly, or None."""
+    for key, required in KEYS.items():
+        if required and not required[1](checkpoint.get(key)):
+            return key, required[0]
+    return None
 
 
 def serialize(obj):
@@ -73,7 +117,7 @@ def load_checkpoint(path):
         raise UsageError(f"{path}: not a checkpoint this app loads: it holds a {found.group(1)} object, which "
                          f"a safe load (torch.load weights_only) refuses; save its tensors and numbers as "
                          f"plain values") from None
-    except Exception as e:  # torch raises several types for truncated or non-torch files
+    except Exception as e:  # noqa: BLE001  torch raises several types for truncated or non-torch files
         raise UsageError(f"{path}: not a readable checkpoint ({plain_reason(e)})") from None
     if not isinstance(checkpoint, dict):
         raise UsageError(f"{path}: not a checkpoint dict")
@@ -127,7 +171,7 @@ class CheckpointSaver:
 
 
 class Every:
-    """``due()`` is true once every ``minutes`` (never for 0): the periodic checkpoint's clock."""
+    """``due()`` is true once every ``minutes`` (never for 0): the periodic checkpoint's timer."""
 
     def __init__(self, minutes):
         self.seconds = minutes * 60
@@ -168,6 +212,42 @@ def load_latest(run_dir, say, is_training):
         raise UsageError(f"--resume auto: no valid checkpoint in {folder} ({'; '.join(reasons)[:300]}); "
                          f"move them away to start fresh, or pass --resume FILE")
     return None
+
+
+def choose(resume, fallback, evaluate_only, output, say):
+    """(path, checkpoint dict) to resume from, or (None, None) to start fresh (said): ``resume`` a
+    file, or 'auto' (the training checkpoint of ``output`` that got furthest, else ``fallback``)."""
+    if resume != "auto":
+        checkpoint = load_checkpoint(resume)
+        if not evaluate_only:
+            refuse_going_back(resume, checkpoint, output)
+        return str(resume), checkpoint
+    found = load_latest(output, say, is_training_checkpoint)
+    if found is not None:
+        return str(found[0]), found[1]
+    if fallback:
+        return str(fallback), load_checkpoint(fallback)
+    if evaluate_only:  # random weights are nothing to evaluate
+        raise UsageError(f"--evaluate --resume auto: no checkpoint in {output}/checkpoints; "
+                         f"pass --output of a run that has one, or --resume FILE")
+    say(f"--resume auto: no checkpoint in {output}, starting fresh")
+    return None, None
+
+
+def refuse_going_back(resume, checkpoint, output):
+    """A run resumed from ``resume`` saves over the run directory's last.pt: refused when that
+    directory holds a checkpoint of a later position (it would be replaced by an earlier one)."""
+    if not is_training_checkpoint(checkpoint):
+        return
+    try:
+        later = load_latest(output, lambda line: None, is_training_checkpoint)
+    except UsageError:  # nothing there can continue a run: nothing to lose
+        return
+    at = (checkpoint["epoch"], checkpoint["epoch_step"])
+    if later and (later[1]["epoch"], later[1]["epoch_step"]) > at:
+        raise UsageError(f"--resume {resume} is at epoch {at[0]} batch {at[1]}, but {later[0]} is further "
+                         f"(epoch {later[1]['epoch']} batch {later[1]['epoch_step']}) and this run would save "
+                         f"over it; to branch from {resume}, pass another --output")
 
 
 def run_files(run_dir):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from mobilenet.amp import LEVELS
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
 from mobilenet.model import MODELS, relative_cost
@@ -34,7 +35,8 @@ DEFAULTS = {
         "pretrained": None,        # checkpoint to initialise the weights from (ours or ModelZoo)
     },
     "data": {
-        "path": None,              # ImageFolder root with train/ and val/, 'synthetic' or 'digits'
+        "path": None,              # an ImageFolder root with train/ and val/, a prepared set of one
+                                   # (scripts/prepare_data.py), 'synthetic' or 'digits'
         "batch_size": 256,         # per process
         "val_batch_size": 256,
         "workers": "auto",         # loader processes per training process; auto: from the cores this
@@ -95,7 +97,7 @@ DEFAULTS = {
         "checkpoint_every_minutes": 0.0,  # >0: also save last.pt within an epoch this often (rank 0),
                                    # so a crash without a signal loses at most this much work
         "measure_breakdown": False,  # time data waits and optimizer steps (syncs the device)
-        "profile": False,          # torch.profiler trace of global steps 3-12 in <output>/profile
+        "profile": False,          # torch.profiler trace of this process's steps 3-12 in <output>/profile
         "compile": "auto",         # torch.compile the model and the optimizer step (inductor with
                                    # CUDA graphs on cuda, inductor on cpu, torchair on npu); auto: on
                                    # for cuda when compiling is a small share of the run (derived)
@@ -115,7 +117,7 @@ CHOICES = {
     "optim.name": ALGORITHMS.keys(),  # live: an entry added to the table is a choice
     "optim.impl": {"standard", "fused"},
     "schedule.name": {"step", "cosine"},
-    "amp.level": {"O0", "O1", "O2"},
+    "amp.level": set(LEVELS),
     "amp.dtype": {"float16", "bfloat16"},
     "amp.backend": {"auto", "apex", "native"},
     "data.decode": {"auto", "workers", "device"},
@@ -299,6 +301,21 @@ def build_config(config_path=None, overrides=(), settings=None):
     return cfg
 
 
+# Settings that may differ between the processes of a job: where things are on each machine and
+# how each process is fed, not what is trained (each node may hold the data elsewhere; the loader's
+# workers and the decode choice follow the node's cores and card).
+PER_PROCESS = {"device_id", "output", "data.path", "data.workers", "data.cache_mb", "derived.workers",
+               "derived.decode", "derived.decode_why", "derived.command_line"}
+
+
+def differing_settings(ours, theirs):
+    """[(setting, theirs, ours)] of two resolved configs that differ outside PER_PROCESS, settings
+    before derived values."""
+    ours, theirs = (dict(flatten(thaw(cfg))) for cfg in (ours, theirs))
+    keys = sorted((ours.keys() | theirs.keys()) - PER_PROCESS, key=lambda key: (key.startswith("derived."), key))
+    return [(key, theirs.get(key), ours.get(key)) for key in keys if ours.get(key) != theirs.get(key)]
+
+
 class Frozen(dict):
     """A dict that refuses changes: the resolved config (nested Frozen dicts and tuples)."""
 
@@ -339,7 +356,8 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     from mobilenet.amp import choose_backend
     from mobilenet.data.sources import auto_workers
     from mobilenet.data.device_decode import choose_decode
-    from mobilenet.device import choose_compile, choose_device
+    from mobilenet.compiling import choose_compile
+    from mobilenet.device import choose_device
     from mobilenet.distributed import world_from_env
     from mobilenet.optim import choose_implementation, describe_optimizer
 

@@ -1,10 +1,7 @@
-"""The device: which one trains (npu with torch_npu imported lazily, cuda, cpu) and opening its card;
-torch.compile's backend per device and the train.compile auto decision; the CPU's model and its
-bfloat16 units, and the bf16 advice that reads them."""
+"""The device: which one trains (npu with torch_npu imported lazily, cuda, cpu), opening its card,
+and what the run asks of it (synchronize, peak memory, a description)."""
 import importlib
-import importlib.util
 import os
-import shutil
 
 import torch
 
@@ -35,76 +32,6 @@ def choose_device(name):
     if name == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is visible")
     return name
-
-
-def compile_backend(device_type):
-    """torch.compile's {backend, mode} for a device type (train.compile): inductor with CUDA graphs
-    on cuda (the step's launches collapse into one replay), inductor's C++ code on cpu (needs a
-    C++ compiler), torch_npu's torchair on npu; a UsageError where that is missing."""
-    if device_type == "cuda":
-        return {"backend": "inductor", "mode": "reduce-overhead"}
-    if device_type == "npu":
-        if importlib.util.find_spec("torchair") is None:
-            raise UsageError("train.compile on npu needs torchair (torch_npu's torch.compile backend), "
-                             "which is not installed; leave train.compile off")
-        return {"backend": "torchair", "mode": None}
-    if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
-        raise UsageError("train.compile on cpu: inductor needs a C++ compiler (g++ or clang++, or CXX), "
-                         "and none was found; install one or leave train.compile off")
-    return {"backend": "inductor", "mode": None}
-
-
-# train.compile auto on cuda, from one H200 (2026-12-04, torch 2.11, scripts/bench_device.sh
-# compiled, ceiling, loop): compiling the model and the optimizer step (the app's first compiled
-# run took 28.5 s, an eager one 3.3 s), and the eager step: the host's floor (batch 64 took 9-15
-# ms, host-bound) or the images of MobileNetV1 at width 1.0 / 224 px at the eager rate (9,450-14,443
-# img/s at batch 256), scaled by the model's multiply-adds (model.relative_cost).
-COMPILE_SECONDS = 25.0
-EAGER_HOST_STEP_S = 0.010
-EAGER_IMG_PER_S = 12000.0
-COMPILE_MAX_SHARE = 0.05  # compiling is worth it when it is at most this share of the run
-
-
-def eager_seconds_estimate(steps, batch, cost):
-    """A cuda run's eager training time, estimated: per step, the host floor or the work of
-    ``batch`` images of a model ``cost`` times MobileNetV1's at width 1.0 / 224 px."""
-    return steps * max(EAGER_HOST_STEP_S, batch * cost / EAGER_IMG_PER_S)
-
-
-def choose_compile(setting, device_type, *, steps, batch, cost, eager_only=None):
-    """(torch.compile's {backend, mode} or None, why) for train.compile ``setting`` (auto, true,
-    false), the one home of that decision. auto: on for cuda when compiling is at most
-    COMPILE_MAX_SHARE of the run, whose eager time is estimated from ``steps(limit)`` (the run's
-    steps, counted up to ``limit``: a long run's figure is a lower bound), ``batch`` and the model's
-    ``cost()`` (model.relative_cost, asked only here); off on cpu (measured slower), on npu (torchair has not run here) and where
-    ``eager_only`` names what needs the eager step."""
-    if setting is not True and setting != "auto":
-        return None, "off (train.compile=false)"
-    if setting is True:
-        return compile_backend(device_type), "on (train.compile=true)"
-    if eager_only:
-        return None, f"off (auto: {eager_only})"
-    if device_type == "cpu":
-        return None, "off (auto: on cpu the compiled step measured 0.77x eager at width 1.0 / 224)"
-    if device_type == "npu":
-        return None, "off (auto: torchair, the npu backend, has not run on an Ascend card here)"
-    worth, cost = COMPILE_SECONDS / COMPILE_MAX_SHARE - COMPILE_SECONDS, cost()  # from which it pays
-    eager_seconds = eager_seconds_estimate(steps(int(worth / eager_seconds_estimate(1, batch, cost)) + 1), batch, cost)
-    share = COMPILE_SECONDS / (COMPILE_SECONDS + eager_seconds)
-    if share > COMPILE_MAX_SHARE:
-        return None, (f"off (auto: compiling (~{COMPILE_SECONDS:.0f} s) is ~{share:.0%} of this run "
-                      f"(~{eager_seconds:.0f} s eager, estimated)")
-    return compile_backend(device_type), (f"on (auto: compiling (~{COMPILE_SECONDS:.0f} s) is ~{share:.0%} "
-                                          f"or less of this run (~{eager_seconds:.0f} s or more eager, "
-                                          f"estimated)")
-
-
-def compiled(module, backend, mode):
-    """``module`` under torch.compile with the resolved backend (torchair's built here, on npu)."""
-    if backend == "torchair":  # unrun here: no Ascend device
-        import torchair
-        return torch.compile(module, backend=torchair.get_npu_backend())
-    return torch.compile(module, backend=backend, mode=mode)
 
 
 def open_device(device_type, local_rank=0):
@@ -140,64 +67,6 @@ def peak_memory_mb(device):
         return module.max_memory_allocated(device) / 2**20
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def cpuinfo_field(name):
-    """The first value of ``name`` in /proc/cpuinfo ('' where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next((line.split(":", 1)[1].strip() for line in cpuinfo
-                         if line.split(":", 1)[0].strip() == name), "")
-    except OSError:
-        return ""
-
-
-def cpu_bf16_features():
-    """The bfloat16 matrix and vector units of this CPU that torch's kernels use (AMX, AVX512-BF16),
-    from the kernel's /proc/cpuinfo flags; [] elsewhere."""
-    flags = cpuinfo_field("flags").split()
-    return [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"))
-            if flag in flags]
-
-
-# img/s of bfloat16 autocast (O1) over fp32 (O0), {(width_mult, resolution): ratio}: batch 32,
-# channels_last, fused SGD, median of 2 interleaved rounds on a 2-core Intel Sapphire Rapids with
-# AMX-BF16 and AVX512-BF16 (docs/performance.md).
-BF16_GAIN = {(0.25, 64): 0.82, (0.25, 128): 1.03, (0.25, 224): 1.05,
-             (0.5, 64): 0.64, (0.5, 128): 0.87, (0.5, 224): 1.33,
-             (1.0, 64): 0.80, (1.0, 128): 1.06, (1.0, 224): 1.61}
-BF16_PAYS = 1.3       # the gain worth a hint
-BF16_MIN_BATCH = 32   # smaller batches were not measured
-
-
-def bf16_hint(cfg, features=None):
-    """A hint line for a cpu run at O0 on a CPU with AMX-BF16 (``features``: cpu_bf16_features()
-    unless given) whose model takes at least the multiply-adds (which the model table counts) of a
-    measured one where bf16 paid, at no lower resolution (the gain fell with it); None otherwise.
-    Of those measured models, the largest decides."""
-    from mobilenet.model import multiply_adds
-    model, batch = cfg["model"], cfg["data"]["batch_size"]
-    features = cpu_bf16_features() if features is None else features
-    if (cfg["derived"]["device"] != "cpu" or cfg["amp"]["level"] != "O0" or "AMX-BF16" not in features
-            or batch < BF16_MIN_BATCH):
-        return None
-    own = multiply_adds(model["name"], model["width_mult"], model["resolution"])
-    paid = {(width, resolution): multiply_adds("mobilenet_v1", width, resolution)
-            for (width, resolution), gain in BF16_GAIN.items() if gain >= BF16_PAYS}
-    below = [key for key, macs in paid.items() if macs <= own and key[1] <= model["resolution"]]
-    if not below:
-        return None
-    width, resolution = max(below, key=paid.get)
-    gain = BF16_GAIN[width, resolution]
-    return (f"hint: this CPU has AMX-BF16 units; bfloat16 trained {gain:.2f}x as fast as fp32 with MobileNetV1 at "
-            f"width {width:g} / {resolution} px, batch 32 (measured on a 2-core Sapphire Rapids): try --amp O1 "
-            f"amp.dtype=bfloat16")
-
-
-def cpu_model():
-    """The CPU and its bfloat16 units, for benchmark tables: 'CPU AMD EPYC, bf16 units: none'."""
-    return (f"CPU {cpuinfo_field('model name') or 'unknown'}, bf16 units: "
-            f"{', '.join(cpu_bf16_features()) or 'none'}")
 
 
 def describe(device):

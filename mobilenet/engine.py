@@ -1,6 +1,13 @@
-"""The run: builds everything from the resolved config, trains the epochs, validates, writes the run."""
+"""The run: builds everything from the resolved config, trains the epochs, validates, writes the run.
+
+The core's way: ``run`` (the device and the world, the run directory, ``build_run``, every process
+checked against rank 0, the resume), then ``fit``: epochs of ``train_one_epoch`` (the steps, the
+progress line at each log interval) and ``end_epoch`` (validation, the checkpoint) until the run
+is finished, and its summary. The behaviours a run can do without are entered at four named points
+(mobilenet/behaviours): the start, each resume of a foreign checkpoint, each log interval, each
+epoch's end.
+"""
 import itertools
-import json
 import math
 import signal
 import time
@@ -11,18 +18,21 @@ from typing import NamedTuple
 import torch
 
 from mobilenet import checkpoint as ckpt
-from mobilenet.config import flatten, thaw
+from mobilenet.behaviours import behaviours_for
+from mobilenet.config import differing_settings
 from mobilenet.data import build_datasets, build_loaders
-from mobilenet.data.datasets import WorkerSignals, data_record, unreadable_flags, usable_cores
-from mobilenet.data.prepared import is_prepared
-from mobilenet.device import open_device, peak_memory_mb
-from mobilenet.distributed import (all_reduce_max, all_reduce_sum, any_rank, any_rank_restarted, destroy,
-                                   every_rank, from_rank0, host_group, init_process_group, world_from_env)
+from mobilenet.data.datasets import WorkerSignals, data_changes, data_record
+from mobilenet.device import open_device
+from mobilenet.distributed import (any_rank, any_rank_restarted, destroy, every_rank, host_group, init_process_group,
+                                   world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
-from mobilenet.logging import (RunLogger, accuracy_line, progress_line, read_summary,
-                               run_description)
-from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown, named_phase, profiler
-from mobilenet.training import TrainingState, data_changes
+from mobilenet.logging import RunLogger, progress_line, run_description
+from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown
+from mobilenet.profile import named_phase, profiler
+from mobilenet.state import TrainingState
+from mobilenet.summary import read_summary, write_summary
+from mobilenet.training import TrainStep
+from mobilenet.validation import Accuracy, accuracy_line, validate
 from mobilenet.watchdog import Watchdog, kill_loader_workers
 
 
@@ -32,13 +42,15 @@ class Run:
     cfg: dict
     world: object
     device: torch.device
-    state: TrainingState       # the step, schedule and position: everything a resume restores
+    state: TrainingState       # the position, the schedule and the checkpoint: everything a resume restores
+    step: TrainStep            # state.train_step: what trains
     train_loader: object
     val_loader: object
     log: RunLogger
     worker_signals: WorkerSignals
     watchdog: Watchdog         # train.stall_timeout (started by fit)
     clock: RunClock            # the first step, compiling steps, the last validation
+    behaviours: list           # entered at the named points (mobilenet/behaviours)
     breakdown: StepBreakdown | None = None
 
 
@@ -78,20 +90,20 @@ class StopOnSignal:
     def handle(self, signum, frame):
         first = self.received is None
         self.received = signal.Signals(signum).name
-        if first and self.watchdog.phase == "data":
+        if first and self.watchdog.waiting_for == "data":
             self.stop_if_stuck()
 
     def stop_if_stuck(self):
         """During a data wait of STUCK_DATA_WAIT_S: stop now. During a shorter one (batches the
         loader had ready hid a stuck worker for a few steps): look again when it would have lasted
         that long (SIGALRM, which interrupts the wait as the stop signal did)."""
-        waited = self.watchdog.phase_seconds()
+        waited = self.watchdog.wait_seconds()
         if waited > STUCK_DATA_WAIT_S:
             raise StopRequested(self.received)
         signal.setitimer(signal.ITIMER_REAL, STUCK_DATA_WAIT_S - waited + 0.1)
 
     def look_again(self, signum, frame):
-        if self.received is not None and self.watchdog.phase == "data":
+        if self.received is not None and self.watchdog.waiting_for == "data":
             self.stop_if_stuck()
 
     def saving(self):
@@ -142,9 +154,14 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
             if restarted:
                 r.log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
             if resume:
-                r.state.resume(resume, fallback=fallback, evaluate_only=evaluate_only, say=r.log.info)
+                r.state.resume(resume, fallback=fallback, evaluate_only=evaluate_only, say=r.log.info,
+                               foreign=lambda path, checkpoint: taken_by_behaviour(r, path, checkpoint))
             if evaluate_only:
                 return evaluate_only_run(r)
+            for behaviour in r.behaviours:  # the start
+                ended = behaviour.at_start(r)
+                if ended is not None:
+                    return ended
             if r.state.finished and not r.state.awaiting_validation:
                 return already_complete(r)
             r.log.start(config=r.cfg, resumed_at=r.state.resumed_at)  # once the run is known to start
@@ -167,44 +184,42 @@ def build_run(cfg, world, device):
     state.data = {"train": data_record(train_set), "val": data_record(val_set)}
     for line in run_description(cfg, device=device, images=(len(train_set), len(val_set)), steps=steps):
         log.info(line)
-    breakdown = None
-    if cfg["train"]["measure_breakdown"]:
-        breakdown = StepBreakdown(device)
-        state.set_phase_hook(breakdown.phase)
+    breakdown = StepBreakdown(device) if cfg["train"]["measure_breakdown"] else None
+    if breakdown is not None:
+        state.train_step.phase = breakdown.phase
     elif cfg["train"]["profile"]:  # the phases as ranges in the trace
-        state.set_phase_hook(named_phase)
+        state.train_step.phase = named_phase
     watchdog = Watchdog(cfg["train"]["stall_timeout"], world, data["path"], Path(cfg["output"]) / "checkpoints")
-    return Run(cfg, world, device, state, train_loader, val_loader, log, worker_signals, watchdog,
-               RunClock(compiled=derived["compile"] is not None), breakdown)
-
-
-# Settings that may differ between the processes of a job: where things are on each machine and
-# how each process is fed, not what is trained (each node may hold the data elsewhere; the loader's
-# workers and the decode choice follow the node's cores and card).
-PER_PROCESS = ("device_id", "output", "data.path", "data.workers", "data.cache_mb", "derived.workers",
-               "derived.decode", "derived.decode_why", "derived.command_line")
+    return Run(cfg, world, device, state, state.train_step, train_loader, val_loader, log, worker_signals,
+               watchdog, RunClock(compiled=derived["compile"] is not None), behaviours_for(cfg), breakdown)
 
 
 def check_same_job(r):
-    """Every process trains what rank 0 trains: the same resolved config (less PER_PROCESS) and
-    the same data records, compared before anything is loaded or trained; a difference is one line
-    naming the first rank that differs, on every rank."""
-    mine = {key: value for key, value in flatten(thaw(r.cfg)) if key not in PER_PROCESS}
-    everyone = every_rank((mine, r.state.data))
+    """Every process trains what rank 0 trains: the same resolved config (less what locates things
+    on its machine, config.PER_PROCESS) and the same data records, compared before anything is
+    loaded or trained; a difference is one line naming the first rank that differs, on every rank."""
+    everyone = every_rank((r.cfg, r.state.data))
     settings, data = everyone[0]
     for rank, (their_settings, their_data) in enumerate(everyone[1:], start=1):
-        differ = [key for key in settings.keys() | their_settings.keys()
-                  if settings.get(key) != their_settings.get(key)]
+        differ = differing_settings(settings, their_settings)
         if differ:
-            key = min(differ, key=lambda k: (k.startswith("derived."), k))  # a setting before what follows
-            raise UsageError(f"rank {rank} was given other settings than rank 0: {key} is "
-                             f"{their_settings.get(key)!r} there, {settings.get(key)!r} on rank 0"
-                             f"{f' (and {len(differ) - 1} more)' if len(differ) > 1 else ''}; start every "
-                             f"process of the job with the same command and settings")
+            key, theirs, ours = differ[0]
+            raise UsageError(f"rank {rank} was given other settings than rank 0: {key} is {theirs!r} there, "
+                             f"{ours!r} on rank 0{f' (and {len(differ) - 1} more)' if len(differ) > 1 else ''}; "
+                             f"start every process of the job with the same command and settings")
         changed = data_changes(data, their_data, then="on rank 0", here="there")
         if changed:
             raise UsageError(f"rank {rank} reads other data than rank 0 ({changed}); every node needs the "
                              f"same copy of the dataset")
+
+
+def taken_by_behaviour(r, path, checkpoint):
+    """The notes of the first behaviour that takes a checkpoint the core took weights from only, or None."""
+    for behaviour in r.behaviours:
+        notes = behaviour.at_resume(r, path, checkpoint)
+        if notes is not None:
+            return notes
+    return None
 
 
 def evaluate_only_run(r):
@@ -218,15 +233,8 @@ def evaluate_only_run(r):
 
 
 def already_complete(r):
-    """--resume of a finished run: says so and leaves its files as they are; a summary.json that
-    is missing or damaged (the run ended while it wrote it) is written again from a validation."""
-    path = Path(r.cfg["output"]) / "summary.json"
-    if not from_rank0(lambda: bool(read_summary(path, r.log.info))):
-        r.log.info(f"{path} is missing or unreadable: the final checkpoint is validated again to write it")
-        results = validate(r)
-        r.log.info(accuracy_line(results[""].top1, results[""].top5, results[""].note()))
-        finish(r, {"images": 0, "seconds": 0.0, "data_wait_s": 0.0, "other_load": OtherLoad()}, results)
-    summary = read_summary(path, r.log.info)
+    """--resume of a finished run: says so and leaves its files as they are."""
+    summary = read_summary(Path(r.cfg["output"]) / "summary.json", r.log.info)
     train = r.cfg["train"]
     cap = f", {train['max_steps']} steps at most (train.max_steps)" if train["max_steps"] else ""
     r.log.info(f"{r.cfg['output']} is complete: {r.state.epoch} of {train['epochs']} epochs{cap} trained "
@@ -237,13 +245,15 @@ def already_complete(r):
 
 def fit(r):
     """Epochs of training and validation; checkpoints and the summary at the end. An epoch trained
-    but not validated (a crash in its validation, after a save of its last step) is validated first."""
+    but not validated (a crash in its validation, after a save of its last step) is validated first.
+    Every save is a collective (every rank's random states are gathered), which rank 0 writes; the
+    periodic one's clock is rank 0's, and the vote before each step tells the others."""
     cfg = r.cfg
     saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"], writing=r.watchdog.writing)
     totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0, "other_load": OtherLoad()}
     results = {"": Accuracy(0.0, 0.0, 0, 0)}
     run_start, epoch_seconds = time.perf_counter(), 0.0
-    periodic = ckpt.Every(cfg["train"]["checkpoint_every_minutes"] if r.world.is_main else 0)  # rank 0's clock
+    periodic = ckpt.Every(cfg["train"]["checkpoint_every_minutes"] if r.world.is_main else 0)
     trace = Path(cfg["output"]) / "profile"
     with (r.watchdog, StopOnSignal(r.world, r.watchdog) as stop, r.worker_signals.protect(),
           profiler(r.device, trace, cfg["train"]["profile"] and r.world.is_main) as prof):
@@ -267,157 +277,13 @@ def fit(r):
                 return stopped(r, saver, stop)
 
 
-def end_epoch(r, saver, epoch_seconds):
-    """Validation, its log lines and records, and the epoch's checkpoints; returns the results.
-    An epoch that train.max_steps cut short is validated and saved at the step it reached. Every
-    rank validates and holds what rank 0 saves (synced and checked first)."""
-    r.state.sync_buffers()
-    r.state.check_ranks_agree()
-    val_start = time.perf_counter()
-    results = validate(r)
-    r.clock.val_seconds = time.perf_counter() - val_start
-    epoch, own = r.state.epoch, results[""]
-    is_best = r.state.end_epoch(own.top1, own.scored)
-    r.log.info(accuracy_line(own.top1, own.top5, f"epoch {epoch}, best {r.state.best_top1:.3f}; {own.note()}"))
-    ema = {}
-    if "EMA" in results:
-        ema = {"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5}
-        r.log.info(accuracy_line(results["EMA"].top1, results["EMA"].top5, prefix=" EMA"))
-    r.log.record("val", r.state.global_step, epoch=epoch, top1=own.top1, top5=own.top5,
-                 epoch_time_s=epoch_seconds, **ema)
-    for split, name, files in unreadable_classes(r):
-        r.log.info(f"warning: class {name!r} ({split}): none of its {files} files could be read, so "
-                   f"{'no image of it is trained on' if split == 'train' else 'it is left out of the accuracy'}; "
-                   f"fix its files or remove the class folder from train/ and val/")
-    checkpoint = r.state.state_dict()  # every rank: their random states are gathered
-    if r.world.is_main:
-        saver.save(checkpoint, r.state.epoch, is_best)
-    if not own.scored:
-        raise UsageError(f"--data {r.cfg['data']['path']}: none of the {own.left_out} val images could be "
-                         f"read (see the warnings), so there is no accuracy; the training is saved in "
-                         f"{saver.last}: fix the val files, then resume with --resume auto")
-    return results
-
-
-def finish(r, totals, results):
-    """summary.json and the closing line."""
-    cfg, derived = r.cfg, r.cfg["derived"]
-    unreadable = unreadable_files(r)
-    final, seconds = results[""], totals["seconds"]
-    top1 = final.top1
-    steps = totals["images"] / derived["global_batch"]
-    summary = {"top1": top1, "top5": final.top5, "best_top1": r.state.best_top1, "epochs": r.state.epoch,
-               "global_step": r.state.global_step,
-               "val_images_scored": final.scored,
-               **({"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5} if "EMA" in results else {}),
-               "img_per_s": totals["images"] / seconds if seconds else 0.0, "first_step_s": r.clock.first_step_s,
-               "data_wait_share": totals["data_wait_s"] / seconds if seconds else 0.0,
-               "other_cpu_share": totals["other_load"].so_far(),  # other processes, as benchmarks report
-               "optimizer": cfg["optim"]["impl"], "optimizer_implementation": derived["optimizer_implementation"],
-               "optimizer_class": derived["optimizer_class"],
-               "device": r.device.type, "amp": cfg["amp"]["level"], "amp_backend": derived["amp_backend"],
-               "world_size": r.world.size,
-               "global_batch": derived["global_batch"],
-               "peak_memory_mb": round(peak_memory_mb(r.device), 1), "unreadable_images": unreadable}
-    if r.breakdown is not None:
-        summary.update(r.breakdown.summary(seconds, totals["data_wait_s"], steps))
-    if unreadable:
-        r.log.info(f"warning: {unreadable} unreadable image files were skipped (see the warnings)")
-    if r.world.is_main:
-        out = Path(cfg["output"])
-        with r.watchdog.writing(out / "summary.json"):
-            ckpt.save_atomic((json.dumps(summary, indent=2) + "\n").encode(), out / "summary.json", "the summary")
-        written = " and ".join(name for name in ("last.pt", "best.pt") if (out / "checkpoints" / name).exists())
-        r.log.info(f"top-1 {top1:.2f}%, {summary['img_per_s']:.1f} images/s. Run directory {out}: "
-                   f"config.yaml, checkpoints/{written}, metrics.jsonl, summary.json; "
-                   f"TensorBoard: tensorboard --logdir {out}")
-    r.log.close()
-    return summary
-
-
-def save_last_if_finite(r, saver):
-    """last.pt between log intervals (periodic, or on a signal), unless the weights diverged since
-    the last loss check: then the run stops and the last good checkpoint stays. Every rank takes
-    part (their random states are gathered); rank 0 writes."""
-    if not r.state.weights_finite():  # alike on every rank: they hold the same weights
-        raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before batch "
-                              f"{r.state.epoch_step}: stopped; nothing saved after {saver.last}")
-    checkpoint = r.state.state_dict()
-    if r.world.is_main:
-        saver.save_last(checkpoint)
-
-
-def stopped(r, saver, stop):
-    """After SIGTERM/SIGINT/SIGHUP: a resumable last.pt, and how to resume."""
-    stop.saving()
-    save_last_if_finite(r, saver)
-    r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.state.epoch} batch "
-               f"{r.state.epoch_step}, saved {saver.last}. Resume with the same command plus "
-               f"--output {r.cfg['output']} --resume auto")
-    r.log.close()
-    return None
-
-
-def unreadable_classes(r):
-    """(split, class name, file count) of each class whose files were all found unreadable (by any
-    process), once a run; a class with no file is refused when the data is scanned."""
-    found = []
-    for split, loader in (("train", r.train_loader), ("val", r.val_loader)):
-        if not len(unreadable_flags(loader.dataset)):  # synthetic
-            continue
-        flags = unreadable_anywhere(r, loader.dataset)
-        targets = torch.tensor(loader.dataset.targets)
-        files = torch.bincount(targets, minlength=len(loader.dataset.classes))
-        unread = torch.bincount(targets[flags], minlength=len(files))
-        for index in ((unread == files) & (files > 0)).nonzero().flatten().tolist():
-            if (split, index) not in r.log.said:
-                r.log.said.add((split, index))
-                found.append((split, loader.dataset.classes[index], int(files[index])))
-    return found
-
-
-def unreadable_files(r):
-    """Train and val files found unreadable by any process."""
-    return sum(int(unreadable_anywhere(r, loader.dataset).sum()) for loader in (r.train_loader, r.val_loader))
-
-
-def unreadable_anywhere(r, dataset):
-    """Flags of ``dataset``'s files found unreadable by any process (each process flags what it read)."""
-    # on the device: nccl and hccl reduce only device tensors
-    return all_reduce_max(unreadable_flags(dataset).to(r.device, torch.int32)).bool().cpu()
-
-
-def log_interval(r, loss, interval):
-    """The progress line, metrics.jsonl and TensorBoard for the interval that ended."""
-    state, steps = r.state, r.state.steps_per_epoch
-    in_epoch = min(steps - state.epoch_step, state.steps_left)
-    after_epoch = state.steps_left - in_epoch  # steps of the epochs after this one
-    eta_epoch = in_epoch * interval.step_time + r.clock.val_seconds
-    eta_run = eta_epoch + after_epoch * interval.step_time + math.ceil(after_epoch / steps) * r.clock.val_seconds
-    lr, extras = state.lr(), state.metrics()
-    hint = r.log.data_hint.line(interval.data_wait, r.cfg["derived"]["workers"],
-                            usable_cores() // max(1, r.world.local_size), is_prepared(r.cfg["data"]["path"]))
-    if hint:
-        r.log.info(hint)
-    r.log.info(progress_line(epoch=state.epoch, step=state.epoch_step, steps=steps, eta_epoch=eta_epoch,
-                             eta_run=eta_run, img_per_s=r.cfg["derived"]["global_batch"] / interval.step_time,
-                             data_wait=interval.data_wait, loss=loss, lr=lr, elapsed=interval.elapsed,
-                             extras=extras))
-    r.log.record("train", state.global_step, epoch=state.epoch, loss=loss, lr=lr,
-                 img_per_s=interval.img_per_s, data_wait=interval.data_wait, **extras)
-
-
 def train_one_epoch(r, meter, stop, prof, *, periodic, save):
     """Trains from batch ``r.state.epoch_step`` to the end of the epoch, or until ``stop`` says so,
-    measured by ``meter``. ``save()`` when ``periodic`` (rank 0's clock) is due, between steps.
+    measured by ``meter``. ``save()`` between steps when ``periodic`` (rank 0's clock) is due.
     Steps that compile (``r.clock``) are timed apart and left out of the rates."""
-    r.state.train(freeze_bn=r.cfg["train"]["freeze_bn"])
-    r.train_loader.sampler.set_epoch(r.state.epoch, r.state.epoch_step * r.cfg["data"]["batch_size"])
-    train_steps(r, meter, stop, prof, periodic=periodic, save=save)
-
-
-def train_steps(r, meter, stop, prof, *, periodic, save):
     state, log_every = r.state, r.cfg["train"]["log_every"]
+    r.step.train(freeze_bn=r.cfg["train"]["freeze_bn"])
+    r.train_loader.sampler.set_epoch(state.epoch, state.epoch_step * r.cfg["data"]["batch_size"])
     for batch in timed_batches(r, meter):
         # every rank votes here, one whose wait was stuck too (batch None), and learns of rank 0's save
         vote = stop.vote(save_due=periodic.due())
@@ -444,13 +310,13 @@ def train_steps(r, meter, stop, prof, *, periodic, save):
 
 def timed_batches(r, meter):
     """The epoch's remaining batches, on the device; the wait for each is timed by the meter and
-    is the watchdog's data phase. A stop signal during a stuck wait ends it: then None comes, the
+    is the watchdog's data wait. A stop signal during a stuck wait ends it: then None comes, the
     last step's state being whole, and the loader's workers are gone (a stuck one would hold the
     loader's shutdown)."""
-    batches = itertools.islice(r.state.batches(r.train_loader), r.state.steps_per_epoch - r.state.epoch_step)
+    batches = itertools.islice(r.step.batches(r.train_loader), r.state.steps_per_epoch - r.state.epoch_step)
     while True:
         try:
-            with meter.waiting(), r.watchdog.waiting("data"), r.state.phase("data"):
+            with meter.waiting(), r.watchdog.waiting("data"), r.step.phase("data"):
                 batch = next(batches, None)
         except StopRequested:
             kill_loader_workers()
@@ -463,55 +329,93 @@ def timed_batches(r, meter):
 
 def check_finite(r, loss_mean):
     """A non-finite loss ends the run unless dynamic loss scaling skips such steps."""
-    if not math.isfinite(loss_mean) and not r.state.skips_bad_steps():
+    if not math.isfinite(loss_mean) and not r.step.skips_bad_steps():
         raise TrainingFailure(f"the loss became {loss_mean} in epoch {r.state.epoch} before batch "
                               f"{r.state.epoch_step}: stopped; nothing saved after "
                               f"{r.cfg['output']}/checkpoints/last.pt")
 
 
-def validate(r):
-    """{'': (top1, top5)} of the network, and {'EMA': ...} of its average when there is one."""
-    return {label: accuracy(net, watched(r.state.batches(r.val_loader), r.watchdog), r.state.autocast, r.device)
-            for label, net in r.state.eval_nets().items()}
+def log_interval(r, loss, interval):
+    """The progress line, metrics.jsonl and TensorBoard for the interval that ended; then the
+    behaviours' log-interval point."""
+    state, steps = r.state, r.state.steps_per_epoch
+    in_epoch = min(steps - state.epoch_step, state.steps_left)
+    after_epoch = state.steps_left - in_epoch  # steps of the epochs after this one
+    eta_epoch = in_epoch * interval.step_time + r.clock.val_seconds
+    eta_run = eta_epoch + after_epoch * interval.step_time + math.ceil(after_epoch / steps) * r.clock.val_seconds
+    lr, extras = r.step.lr(), r.step.metrics()
+    r.log.info(progress_line(epoch=state.epoch, step=state.epoch_step, steps=steps, eta_epoch=eta_epoch,
+                             eta_run=eta_run, img_per_s=r.cfg["derived"]["global_batch"] / interval.step_time,
+                             data_wait=interval.data_wait, loss=loss, lr=lr, elapsed=interval.elapsed,
+                             extras=extras))
+    r.log.scalars("train", state.global_step, epoch=state.epoch, loss=loss, lr=lr,
+                  img_per_s=interval.img_per_s, data_wait=interval.data_wait, **extras)
+    for behaviour in r.behaviours:  # each log interval
+        behaviour.at_log(r, interval)
 
 
-def watched(batches, watchdog):
-    """``batches``, each a beat of the watchdog, the wait for each its phase 'val-data' (not
-    'data': a stop signal waits for the end of validation)."""
-    iterator = iter(batches)
-    while True:
-        with watchdog.waiting("val-data"):
-            batch = next(iterator, None)
-        if batch is None:
-            return
-        watchdog.beat()
-        yield batch
+def end_epoch(r, saver, epoch_seconds):
+    """Validation, its log lines and records, the behaviours' epoch-end point and the epoch's
+    checkpoints; returns the results. An epoch that train.max_steps cut short is validated and
+    saved at the step it reached. Every rank validates what rank 0 saves (its BatchNorm statistics)."""
+    r.state.sync_buffers()
+    val_start = time.perf_counter()
+    results = validate(r)
+    r.clock.val_seconds = time.perf_counter() - val_start
+    for behaviour in r.behaviours:  # each epoch's end: after validation, before the save
+        behaviour.at_epoch_end(r, results)
+    epoch, own = r.state.epoch, results[""]
+    is_best = r.state.end_epoch(own.top1, own.scored)
+    r.log.info(accuracy_line(own.top1, own.top5, f"epoch {epoch}, best {r.state.best_top1:.3f}; {own.note()}"))
+    ema = {}
+    if "EMA" in results:
+        ema = {"ema_top1": results["EMA"].top1, "ema_top5": results["EMA"].top5}
+        r.log.info(accuracy_line(results["EMA"].top1, results["EMA"].top5, prefix=" EMA"))
+    r.log.scalars("val", r.state.global_step, epoch=epoch, top1=own.top1, top5=own.top5,
+                  epoch_time_s=epoch_seconds, **ema)
+    checkpoint = r.state.state_dict()  # every rank: their random states are gathered
+    if r.world.is_main:
+        saver.save(checkpoint, r.state.epoch, is_best)
+    if not own.scored:
+        raise UsageError(f"--data {r.cfg['data']['path']}: none of the {own.left_out} val images could be "
+                         f"read (see the warnings), so there is no accuracy; the training is saved in "
+                         f"{saver.last}: fix the val files, then resume with --resume auto")
+    return results
 
 
-class Accuracy(NamedTuple):
-    top1: float
-    top5: float
-    scored: int    # val images counted
-    left_out: int  # unreadable val images (label -1), counted in neither
+def finish(r, totals, results):
+    """summary.json and the closing line."""
+    summary = write_summary(r, results, totals)
+    if summary["unreadable_images"]:
+        r.log.info(f"warning: {summary['unreadable_images']} unreadable image files were skipped (see the warnings)")
+    if r.world.is_main:
+        out = Path(r.cfg["output"])
+        written = " and ".join(name for name in ("last.pt", "best.pt") if (out / "checkpoints" / name).exists())
+        r.log.info(f"top-1 {summary['top1']:.2f}%, {summary['img_per_s']:.1f} images/s. Run directory {out}: "
+                   f"config.yaml, checkpoints/{written}, metrics.jsonl, summary.json; "
+                   f"TensorBoard: tensorboard --logdir {out}")
+    r.log.close()
+    return summary
 
-    def note(self):
-        unreadable = f", {self.left_out} unreadable left out" if self.left_out else ""
-        return f"{self.scored} images{unreadable}"
+
+def save_last_if_finite(r, saver):
+    """last.pt between log intervals (periodic, or on a signal), unless the weights diverged since
+    the last loss check: then the run stops and the last good checkpoint stays. Every rank takes
+    part (their random states are gathered); rank 0 writes."""
+    if not r.step.weights_finite():  # alike on every rank: they hold the same weights
+        raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before batch "
+                              f"{r.state.epoch_step}: stopped; nothing saved after {saver.last}")
+    checkpoint = r.state.state_dict()
+    if r.world.is_main:
+        saver.save_last(checkpoint)
 
 
-@torch.no_grad()
-def accuracy(net, batches, autocast, device):
-    """Top-1/top-5 (%) over ``batches``; each process counts its exact share, summed over all.
-    Samples labelled -1 (unreadable files) are left out of the counts and reported."""
-    net.eval()
-    counts = torch.zeros(4, device=device, dtype=torch.float64)  # top1, top5, scored, left out
-    for images, labels in batches:
-        with autocast():
-            logits = net(images)
-        scored = labels >= 0
-        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices.eq(labels[:, None]) & scored[:, None]
-        counts += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum(), scored.sum(),
-                               (~scored).sum()]).double()
-    all_reduce_sum(counts)
-    top1, top5, total, left_out = counts.tolist()
-    return Accuracy(100 * top1 / max(total, 1), 100 * top5 / max(total, 1), int(total), int(left_out))
+def stopped(r, saver, stop):
+    """After SIGTERM/SIGINT/SIGHUP: a resumable last.pt, and how to resume."""
+    stop.saving()
+    save_last_if_finite(r, saver)
+    r.log.info(f"{stop.received or 'a signal on another rank'}: stopped at epoch {r.state.epoch} batch "
+               f"{r.state.epoch_step}, saved {saver.last}. Resume with the same command plus "
+               f"--output {r.cfg['output']} --resume auto")
+    r.log.close()
+    return None

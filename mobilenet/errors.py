@@ -69,7 +69,7 @@ def exit_code(action, run_dir=lambda: None, ending=False):
         return report(f"error: {one_line(e)}", EXIT_USAGE)
     except TrainingFailure as e:
         return report(f"error: {one_line(e)}", EXIT_FAILURE)
-    except KeyboardInterrupt:  # Ctrl-C where no stop handler is in place yet (Python's own handler)
+    except KeyboardInterrupt:  # raised by code the action runs (a stop signal here is exit_at_once's)
         return report(STOPPED.format(name="SIGINT"), 128 + signal.SIGINT, echo=not os.environ.get(ERROR_DIR))
     except Exception as e:  # noqa: BLE001
         if peer_left(e):

@@ -2,8 +2,8 @@
 
 Console lines keep the fields that Ascend ModelZoo's MobileNetV1 test scripts read with awk:
 progress lines ``Epoch: [e][s/n] ...`` carry the epoch's running img/s as field 9 and the
-interval's loss as field 14; validation lines `` * Prec@1 X Prec@5 Y`` the top-1 as field 3. No
-other line contains ``img/s`` or ``Epoch:``.
+interval's loss as field 14; validation lines `` * Prec@1 X Prec@5 Y`` (validation.accuracy_line)
+the top-1 as field 3. No other line contains ``img/s`` or ``Epoch:``.
 """
 import errno
 import json
@@ -16,12 +16,11 @@ import yaml
 
 from mobilenet.checkpoint import save_atomic
 from mobilenet.config import thaw
-from mobilenet.device import bf16_hint, describe
+from mobilenet.device import describe
 from mobilenet.errors import TrainingFailure, UsageError
-from mobilenet.model import MODELS
 
 
-def clock(seconds):
+def hms(seconds):
     """H:MM:SS (hours unbounded, no spaces: the line's fields stay at fixed positions)."""
     seconds = max(0, round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -32,21 +31,16 @@ def progress_line(*, epoch, step, steps, eta_epoch, eta_run, img_per_s, data_wai
     """``Epoch: [e][s/n]  eta E epoch, R run  img/s X  data wait W%  loss L  lr ...  elapsed T``;
     awk fields: 9 img/s (running), 14 loss."""
     tail = "".join(f"  {k} {v:g}" for k, v in extras.items())
-    return (f"Epoch: [{epoch}][{step}/{steps}]  eta {clock(eta_epoch)} epoch, {clock(eta_run)} run  "
+    return (f"Epoch: [{epoch}][{step}/{steps}]  eta {hms(eta_epoch)} epoch, {hms(eta_run)} run  "
             f"img/s {img_per_s:.1f}  data wait {data_wait:.0%}  loss {loss:.4f}  lr {lr:.5f}  "
-            f"elapsed {clock(elapsed)}{tail}")
-
-
-def accuracy_line(top1, top5, note="", prefix=""):
-    """`` * Prec@1 X Prec@5 Y  (note)``; awk field 3 is the top-1 (without ``prefix``)."""
-    return f" *{prefix} Prec@1 {top1:.3f} Prec@5 {top5:.3f}" + (f"  ({note})" if note else "")
+            f"elapsed {hms(elapsed)}{tail}")
 
 
 def run_description(cfg, *, device, images, steps):
     """The lines that open a run's log: the device and precision, the data and batch, the loader
-    and compile choices, the command line's notes and a bf16 hint. ``images``: (train, val)."""
+    and compile choices, the command line's notes. ``images``: (train, val)."""
     derived, data, optim = cfg["derived"], cfg["data"], cfg["optim"]
-    hint, optimizer = bf16_hint(cfg), derived["optimizer_class"]
+    optimizer = derived["optimizer_class"]
     scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
     auto = " (auto: from the usable cores)" if data["workers"] == "auto" else ""
     return [f"device {describe(device)}, {derived['world_size']} process(es); optimizer {optimizer}; amp "
@@ -56,49 +50,10 @@ def run_description(cfg, *, device, images, steps):
             f"lr {derived['lr']:g}{scaled}",
             f"data.workers {derived['workers']}{auto}; data.decode {derived['decode_why']}; "
             f"train.compile {derived['compile_why']}",
-            *(f"command line: {note}" for note in derived["command_line"]),
-            *([f"model.width_mult {cfg['model']['width_mult']:g}: {cfg['model']['name']} has no width "
-               f"multiplier; it is built at its own width (the setting is ignored)"]
-              if not MODELS[cfg["model"]["name"]].has_width and cfg["model"]["width_mult"] != 1.0 else []),
-            *([hint] if hint else [])]
+            *(f"command line: {note}" for note in derived["command_line"])]
 
 
-class DataWaitHint:
-    """One line, once a run, when the loader stays the bottleneck: a data wait of at least SHARE of
-    the step for INTERVALS log intervals in a row."""
-    SHARE, INTERVALS = 0.3, 3
-
-    def __init__(self):
-        self.slow, self.given = 0, False
-
-    def line(self, data_wait, workers, cores, prepared):
-        """The hint after an interval with ``data_wait``, or None. ``cores``: the usable cores of
-        each process; ``prepared``: the data is a prepared set already."""
-        self.slow = self.slow + 1 if data_wait >= self.SHARE else 0
-        if self.slow < self.INTERVALS or self.given:
-            return None
-        self.given = True
-        prepare = "" if prepared else ("prepare the data once (python scripts/prepare_data.py DIR DST, then "
-                                       "--data DST: about half the CPU per image), ")
-        more = f"give it more cores (data.workers is {workers}" + (
-            f", of {cores} usable: raise it)" if workers < cores - 1 else f" of {cores} usable cores)")
-        return (f"hint: the loop waited for data {data_wait:.0%} of the time for {self.INTERVALS} log intervals: "
-                f"the loader cannot keep up; {prepare}{more}, keep a small dataset in memory "
-                f"(data.cache_mb) or use faster storage")
-
-
-def read_summary(path, say):
-    """A finished run's summary.json; {} (said) when it is missing or damaged."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        say(f"note: {path} is unreadable ({type(e).__name__}); the checkpoints are intact")
-        return {}
-
-
-def keep_records_up_to(path, global_step):
+def trim_records_after(path, global_step):
     """Rewrites metrics.jsonl (atomically) without the records of global steps after
     ``global_step`` and without a line a crash cut short (records written before the key was
     named global_step hold it as step)."""
@@ -140,8 +95,6 @@ class RunLogger:
         self.run_dir, self.enabled = Path(run_dir), enabled
         self.console = enabled
         self.tensorboard = self.metrics = None
-        self.data_hint = DataWaitHint()
-        self.said = set()  # what a run says once (the classes found wholly unreadable)
 
     def start(self, config, resumed_at=None):
         """Writes ``config`` (resolved) to config.yaml, opens metrics.jsonl and TensorBoard.
@@ -154,7 +107,7 @@ class RunLogger:
         path = self.run_dir / "metrics.jsonl"
         try:
             if resumed_at is not None and path.exists():
-                keep_records_up_to(path, resumed_at)
+                trim_records_after(path, resumed_at)
             self.metrics = open(path, "a")
         except OSError as e:
             raise UsageError(f"--output {self.run_dir}: cannot write there ({e.strerror})") from None
@@ -172,7 +125,7 @@ class RunLogger:
             self.console = False  # and saves; what it would print goes to metrics.jsonl and TensorBoard
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
-    def record(self, kind, global_step, **values):
+    def scalars(self, kind, global_step, **values):
         """One metrics.jsonl line and one TensorBoard scalar per value, tagged ``kind/name``."""
         if self.metrics is None:
             return

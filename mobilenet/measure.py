@@ -1,7 +1,7 @@
-"""What the training loop measures about itself: where an epoch's time goes (EpochMeter),
-dispatched-op counts (per step phase), the step's time breakdown, the other processes' share of
-the CPU, profiler traces. Below the engine; the benchmark harness that drives whole runs is
-scripts/benchmarks/harness.py, above it."""
+"""What the training loop measures about itself: where an epoch's time goes (EpochMeter), the run's
+clock (RunClock), dispatched-op counts (per step phase), the step's time breakdown, the other
+processes' share of the CPU. Below the engine; the benchmark harness that drives whole runs is
+scripts/benchmarks/harness.py, above it; profiler traces are mobilenet/profile.py's."""
 import contextlib
 import os
 import time
@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mobilenet.device import import_torch_npu, synchronize
+from mobilenet.device import synchronize
 from mobilenet.distributed import all_reduce_sum
 
 
@@ -252,30 +252,3 @@ class StepBreakdown:
                 "data_wait_share": data_wait_s / train_time,
                 "optimizer_ops_per_step": sum(self.ops.counts[p] for p in OPTIMIZER_PHASES) if counted else None,
                 "step_ops_per_step": sum(self.ops.counts.values()) if counted else None}
-
-
-PROFILED_STEPS = 10
-
-
-def profiler(device, folder, enabled):
-    """torch.profiler (torch_npu.profiler on npu) over steps 3-12 (PROFILED_STEPS), a TensorBoard
-    trace in ``folder``; call .step() after every training step. A no-op when not enabled."""
-    if not enabled:
-        return contextlib.nullcontext(NoProfiler())
-    module = import_torch_npu().profiler if device.type == "npu" else torch.profiler
-    activities = [module.ProfilerActivity.CPU]
-    if device.type in ("cuda", "npu"):
-        activities.append(getattr(module.ProfilerActivity, device.type.upper()))
-    return module.profile(activities=activities,
-                          schedule=module.schedule(wait=1, warmup=1, active=PROFILED_STEPS, repeat=1),
-                          on_trace_ready=module.tensorboard_trace_handler(str(folder)))
-
-
-def named_phase(name):
-    """A TrainStep phase hook that marks each phase as a range in a profiler trace."""
-    return torch.profiler.record_function(name)
-
-
-class NoProfiler:
-    def step(self):
-        pass

@@ -148,51 +148,51 @@ def unwrap_state_dict(checkpoint):
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
-def check_same_model(checkpoint, name, source="checkpoint"):
-    """A UsageError naming ``source`` when its 'arch' (ours, ModelZoo's) is another model of the
+def check_same_model(checkpoint, name, path="checkpoint"):
+    """A UsageError naming ``path`` when its 'arch' (ours, ModelZoo's) is another model of the
     table than ``name``, saying how to go on with it."""
     arch = model_name(checkpoint.get("arch")) if checkpoint.get("arch") else None
     if arch and arch != name:
-        raise UsageError(f"{source}: a {arch} checkpoint (its arch), and this run builds {name} (model.name); "
+        raise UsageError(f"{path}: a {arch} checkpoint (its arch), and this run builds {name} (model.name); "
                          f"pass model.name={arch} to go on from it")
 
 
-def load_weights(model, checkpoint, source="checkpoint", name="mobilenet_v1"):
+def load_weights(model, checkpoint, path="checkpoint", name="mobilenet_v1"):
     """Loads weights strictly into ``model`` (of MODELS ``name``); another model's checkpoint, a
-    shape or a key mismatch is a UsageError naming ``source``."""
-    check_same_model(checkpoint, name, source)
+    shape or a key mismatch is a UsageError naming ``path``."""
+    check_same_model(checkpoint, name, path)
     state = MODELS[name].weights(unwrap_state_dict(checkpoint))
     own = model.state_dict()
     missing = sorted(own.keys() - state.keys())
     unexpected = sorted(state.keys() - own.keys())
     if missing or unexpected:
-        raise UsageError(f"{source}: not a {name} checkpoint (missing {missing[:3]}, "
+        raise UsageError(f"{path}: not a {name} checkpoint (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     for key, value in state.items():
         if value.shape != own[key].shape:
             built = (f" (width_mult={model.width_mult}, num_classes={model.num_classes})"
                      if isinstance(model, MobileNetV1) else "")
-            raise UsageError(f"{source}: {key} has shape {tuple(value.shape)}, the {name} model{built} "
+            raise UsageError(f"{path}: {key} has shape {tuple(value.shape)}, the {name} model{built} "
                              f"needs {tuple(own[key].shape)}")
     model.load_state_dict(state)
 
 
-def model_from_checkpoint(checkpoint, source="checkpoint"):
+def model_from_checkpoint(checkpoint, path="checkpoint"):
     """The model a checkpoint holds, with its weights: ours say which (their config); ModelZoo's
     and bare weights are MobileNetV1s of the width and class count the weights have."""
     model_cfg = (checkpoint.get("config") or {}).get("model")
     if model_cfg and model_cfg.get("name", "mobilenet_v1") != "mobilenet_v1":
         model = build_model(model_cfg)
-        load_weights(model, checkpoint, source, model_cfg["name"])
+        load_weights(model, checkpoint, path, model_cfg["name"])
         return model
     state = unwrap_state_dict(checkpoint)
     try:
         width = state["model.0.0.weight"].shape[0] / STEM_CHANNELS
         classes = state["fc.weight"].shape[0]
     except KeyError:
-        raise UsageError(f"{source}: not a mobilenet_v1 checkpoint (no model.0.0.weight/fc.weight)") from None
+        raise UsageError(f"{path}: not a mobilenet_v1 checkpoint (no model.0.0.weight/fc.weight)") from None
     model = MobileNetV1(width, classes)
-    load_weights(model, state, source)
+    load_weights(model, state, path)
     return model
 
 

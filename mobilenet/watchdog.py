@@ -8,7 +8,7 @@ torch's own timeouts cannot say this: a collective's timeout fires in every wait
 and names no culprit, and a DataLoader without a timeout waits for a stuck worker forever. So each
 process runs daemon threads: one publishes its (step, time) through torch.distributed's store
 every few seconds (the loop itself only writes two numbers: no device sync, no I/O), the other
-checks the clock and, on a stall, reads the others' progress (guarded: the store's host may be
+checks the time and, on a stall, reads the others' progress (guarded: the store's host may be
 the process that hangs), says what it found and ends the process; one reads the signal wake-up
 pipe, which the C-level handler writes at once (Python's own handlers wait until the main thread
 is back from C, which a stuck collective or a stopped worker may never allow).
@@ -32,23 +32,23 @@ VERDICT = "mobilenet/stalled/{}"  # what a rank that ended on a stall found: the
 
 
 class Watchdog:
-    """``beat(step)`` after each unit of progress; ``phase`` names what the loop waits for
+    """``beat(step)`` after each unit of progress; ``waiting_for`` names what the loop waits for
     ("data" while training waits for a batch, "val-data" while validation does, "save" while a
-    file is written). Off when ``timeout`` is 0; the clock starts at the first beat (so start-up
+    file is written). Off when ``timeout`` is 0; the timer starts at the first beat (so start-up
     and compiling steps, which do not beat, are not timed).
 
     A stopped process (SIGSTOP, Ctrl-Z, Slurm's suspend, a frozen container) is not a stalled one:
     while it is stopped the checking thread sleeps too, and it wakes far past its time when the
-    process goes on; the clock then starts again. So does a rank that waits for a peer that makes
+    process goes on; the timer then starts again. So does a rank that waits for a peer that makes
     progress (an uneven validation). The threads never raise: whatever fails in them is said in the
     line, or ignored where the run can go on without it."""
 
     def __init__(self, timeout, world, data_path, checkpoints):
         self.timeout, self.world = timeout, world
         self.data_path, self.checkpoints = data_path, checkpoints
-        self.step, self.last, self.phase, self.phase_start = 0, None, None, time.monotonic()
-        self.clock_from = None  # monotonic time the stall clock starts again from (a pause, a peer's progress)
-        self.saving = None      # the file being written, during the phase "save"
+        self.step, self.last, self.waiting_for, self.wait_start = 0, None, None, time.monotonic()
+        self.timer_from = None  # monotonic time the stall timer starts again from (a pause, a peer's progress)
+        self.saving = None      # the file being written, while waiting for "save"
         self.stopped = threading.Event()
 
     def __enter__(self):
@@ -90,24 +90,24 @@ class Watchdog:
                                     echo=not os.environ.get(ERROR_DIR))
 
     @contextlib.contextmanager
-    def waiting(self, phase):
-        """The process waits for ``phase`` ('data': a training batch, 'val-data') within the block."""
-        self.phase, self.phase_start = phase, time.monotonic()
+    def waiting(self, what):
+        """The process waits for ``what`` ('data': a training batch, 'val-data') within the block."""
+        self.waiting_for, self.wait_start = what, time.monotonic()
         try:
             yield
         finally:
-            self.phase = None
+            self.waiting_for = None
 
     @contextlib.contextmanager
     def writing(self, path):
-        """The block writes ``path`` (phase 'save'); its end is progress."""
+        """The block writes ``path`` (it waits for 'save'); its end is progress."""
         self.saving = path
         with self.waiting("save"):
             yield
         self.beat()
 
-    def phase_seconds(self):
-        return time.monotonic() - self.phase_start
+    def wait_seconds(self):
+        return time.monotonic() - self.wait_start
 
     def beat(self, step=None):
         if step is not None:
@@ -125,7 +125,7 @@ class Watchdog:
             now = time.time()
             progress_at = now - (time.monotonic() - last)
             try:
-                store.set(KEY.format(self.world.rank), f"{self.step} {progress_at} {now} {self.phase or '-'}")
+                store.set(KEY.format(self.world.rank), f"{self.step} {progress_at} {now} {self.waiting_for or '-'}")
                 published, said = last, time.monotonic()
             except Exception:  # noqa: BLE001  a store that fails once must not end the reports
                 pass
@@ -136,7 +136,7 @@ class Watchdog:
         while not self.stopped.wait(interval):
             now = time.monotonic()
             if now - woke > interval + PAUSE_S:  # this thread was stopped with the process
-                self.clock_from = now
+                self.timer_from = now
             woke = now
             if self.stalled(now):
                 self.fire()
@@ -145,18 +145,18 @@ class Watchdog:
         return self.last is not None and now - self.quiet_since() > self.timeout
 
     def quiet_since(self):
-        """When the stall clock started: the last beat, or a later restart (a pause, a peer's progress)."""
-        return max(self.last, self.clock_from or self.last)
+        """When the stall timer started: the last beat, or a later restart (a pause, a peer's progress)."""
+        return max(self.last, self.timer_from or self.last)
 
     def fire(self):
         """Ends the process with the line that says what it waits for, unless that is a peer that
-        makes progress (then the clock starts again)."""
+        makes progress (then the timer starts again)."""
         try:
             cause = self.cause()
         except Exception as e:  # noqa: BLE001  never a thread's traceback; the line still goes out
             cause = f"what it waits for could not be told ({type(e).__name__}: {e})"
         if cause is None:
-            self.clock_from = time.monotonic()
+            self.timer_from = time.monotonic()
             return
         if self.world.size > 1:  # the ranks that fire after it say the same, not that it is gone
             with_store(lambda store: store.set(VERDICT.format(self.world.rank), cause))
@@ -169,10 +169,10 @@ class Watchdog:
     def cause(self):
         """What this process waits for, as far as it can tell; None when that is a peer that makes
         progress (this rank is not stalled, it waits for a slower one)."""
-        if self.phase == "save":
+        if self.waiting_for == "save":
             return (f"it is writing {self.saving} and the write does not return (a hung or very slow "
                     f"file system?)")
-        if self.phase in ("data", "val-data"):
+        if self.waiting_for in ("data", "val-data"):
             return "it waits for a batch from the data loader; " + describe_workers(self.data_path)
         if self.world.size == 1:
             return "the training step itself does not return (the device, or a hung collective)"
@@ -240,14 +240,14 @@ def with_store(action):
 
 
 def read_progress(size):
-    """{rank: (step, when it was made, when the rank last said it is alive, its phase)} that the ranks
+    """{rank: (step, when it was made, when the rank last said it is alive, what it waits for)} that the ranks
     published (unix times), or None if the store does not answer."""
     def read(store):
         found = {}
         for rank in range(size):
             if store.check([KEY.format(rank)]):
-                step, progress_at, alive_at, phase = store.get(KEY.format(rank)).decode().split()
-                found[rank] = (int(step), float(progress_at), float(alive_at), phase)
+                step, progress_at, alive_at, waiting_for = store.get(KEY.format(rank)).decode().split()
+                found[rank] = (int(step), float(progress_at), float(alive_at), waiting_for)
         return found
     return with_store(read)
 

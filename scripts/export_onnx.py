@@ -6,6 +6,7 @@ Input `actual_input_1` (N x 3 x R x R, normalised RGB), output `output1` (N x cl
 import argparse
 import sys
 
+import package  # noqa: F401  (the mobilenet package, or one line that says how to run this)
 from mobilenet.errors import exit_code
 
 

@@ -3,12 +3,9 @@
 python scripts/model_info.py [--model mobilenet_v1] [--width 1.0] [--resolution 224] [--num-classes 1000]
 """
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package
-
-from mobilenet.model import MODELS, build_model, count_multiply_adds  # noqa: E402
+import package  # noqa: F401  (the mobilenet package, or one line that says how to run this)
+from mobilenet.model import MODELS, build_model, count_multiply_adds
 
 
 def main(argv=None):

@@ -10,9 +10,10 @@ import argparse
 import contextlib
 import sys
 
+import package  # noqa: F401  (the mobilenet package, or one line that says how to run this)
 from mobilenet.device import DEVICES
 from mobilenet.errors import exit_code
-from mobilenet.logging import accuracy_line
+from mobilenet.validation import accuracy_line
 
 
 def main(argv=None):
@@ -40,7 +41,7 @@ def validate(args):
     from mobilenet.config import build_config
     from mobilenet.data import DevicePrefetcher, build_datasets
     from mobilenet.device import choose_device, open_device
-    from mobilenet.engine import accuracy
+    from mobilenet.validation import accuracy
     from mobilenet.model import model_from_checkpoint, output_classes
 
     device = open_device(choose_device(args.device))

@@ -13,14 +13,12 @@ from pathlib import Path
 
 import torch
 
-TESTS = Path(__file__).resolve().parent
-sys.path[:0] = [str(TESTS.parent), str(TESTS)]
-
-from mobilenet import checkpoint as ckpt  # noqa: E402
-from mobilenet.cli import build_parser, config_from_args  # noqa: E402
-from mobilenet.distributed import destroy, init_process_group, world_from_env  # noqa: E402
-from mobilenet.engine import build_run, fit  # noqa: E402
-from mobilenet.errors import TrainingFailure  # noqa: E402
+from mobilenet import checkpoint as ckpt
+from mobilenet.behaviours.rank_agreement import check_ranks_agree
+from mobilenet.cli import build_parser, config_from_args
+from mobilenet.distributed import destroy, init_process_group, world_from_env
+from mobilenet.engine import build_run, fit
+from mobilenet.errors import TrainingFailure
 
 
 def held_state(r):
@@ -106,7 +104,7 @@ def check_each_fault(state, rank):
             continue
         undo = fault(state) if rank == 1 else (lambda: None)
         try:
-            state.check_ranks_agree()
+            check_ranks_agree(state)
             found[part] = "agreed"
         except TrainingFailure as e:
             found[part] = str(e)

@@ -174,7 +174,7 @@ def test_one_optimizer_step_per_iteration_and_checkpointed_state(tmp_path, digit
 
 
 def test_bf16_hint_only_where_amx_pays():
-    from mobilenet.device import bf16_hint
+    from mobilenet.behaviours.advice import bf16_hint
     from mobilenet.config import build_config, resolve
 
     def hint(features, *overrides, config="imagenet.yaml"):

@@ -18,7 +18,7 @@ from mobilenet.errors import UsageError
 from mobilenet.model import MobileNetV1
 from mobilenet.optim import build_optimizer
 from mobilenet.training import TrainStep
-from mobilenet.training import TrainingState
+from mobilenet.state import TrainingState
 
 APEX = ["amp.backend=apex", "--optimizer", "fused", "optim.momentum=0.9", "train.max_steps_per_epoch=6"]
 

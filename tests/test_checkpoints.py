@@ -94,6 +94,13 @@ def test_a_resume_trains_with_the_settings_it_is_given_and_says_which_differ(two
     assert [(g["momentum"], g["weight_decay"], g["fused"]) for g in groups] == [(0.5, 0.001, True)]
 
 
+def test_a_checkpoint_holds_exactly_the_keys_of_their_one_definition(two_epochs):
+    """checkpoint.KEYS, which the check of a checkpoint to resume and the note on foreign keys
+    read, is what TrainingState.state_dict writes: a key added to one and not the other fails."""
+    from mobilenet.checkpoint import KEYS
+    assert load_checkpoint(two_epochs / "checkpoints" / "last.pt").keys() == KEYS.keys()
+
+
 def test_best_and_epoch_files_are_independent_of_last(two_epochs):
     folder = two_epochs / "checkpoints"
     names = {p.name for p in folder.iterdir()}
@@ -442,18 +449,18 @@ def test_unknown_keys_are_said_and_numpy_values_refused_in_plain_words(two_epoch
 def test_a_bug_writes_its_traceback_to_the_run_directory_and_one_line(tmp_path, digits, capsys, monkeypatch):
     """What no test could make happen otherwise: an error the app does not know, raised inside a
     run, as a bug would be (injected into the loop's step)."""
-    from mobilenet import training
+    from mobilenet import state
 
     def broken(self, images, labels):
         raise ZeroDivisionError("injected")
-    monkeypatch.setattr(training.TrainingState, "train_on", broken)
+    monkeypatch.setattr(state.TrainingState, "train_on", broken)
     out = tmp_path / "run"
     assert run(digits, out, "--epochs", "1") == 1
     error = capsys.readouterr().err.strip().splitlines()
     path = out / "traceback-rank0.txt"
     assert error == [f"error: unexpected ZeroDivisionError: injected (a bug, or a failure the app does not "
                      f"handle; traceback in {path})"]
-    assert "in broken" in path.read_text() and "in train_steps" in path.read_text()
+    assert "in broken" in path.read_text() and "in train_one_epoch" in path.read_text()
     assert path.read_text().strip().endswith("ZeroDivisionError: injected")
 
 

@@ -97,7 +97,7 @@ def test_validation_never_substitutes_an_unreadable_image(broken_data, capfd):
 
 
 def test_accuracy_leaves_out_what_could_not_be_read():
-    from mobilenet.engine import accuracy
+    from mobilenet.validation import accuracy
     logits = torch.tensor([[5.0, 0.0], [0.0, 5.0], [5.0, 0.0]])
     net = torch.nn.Linear(2, 2)
     net.weight.data = torch.eye(2)
@@ -133,11 +133,10 @@ def test_a_loader_that_stays_the_bottleneck_gets_one_hint(tmp_path, capsys):
 def test_the_data_wait_hint_is_said_once_a_run_even_when_the_wait_comes_back():
     """Slow, slow, slow, fast, slow, slow, slow: one hint (the count started again after the
     fast interval, and a demo on a 16-core machine said it three times)."""
-    from mobilenet.logging import DataWaitHint
-    hint = DataWaitHint()
+    from mobilenet.behaviours.advice import DataWaitHint
+    hint = DataWaitHint(workers=3, cores=16, preparable=False)
     slow, fast = DataWaitHint.SHARE + 0.1, 0.0
-    said = [line for wait in [slow] * 3 + [fast] + [slow] * 3
-            if (line := hint.line(wait, workers=3, cores=16, prepared=True))]
+    said = [line for wait in [slow] * 3 + [fast] + [slow] * 3 if (line := hint.line(wait))]
     assert len(said) == 1 and "(data.workers is 3, of 16 usable: raise it)" in said[0] and "prepare" not in said[0]
 
 

@@ -34,9 +34,9 @@ def test_crop_draws_follow_torchvision_random_resized_crop(height, width, scale)
               for _ in range(20_000)]
 
     def features(draws):  # area share, log aspect, relative top and left
-        return [[h * w / (height * width) for t, l, h, w in draws],
-                [math.log(w / h) for t, l, h, w in draws],
-                [t / height for t, l, h, w in draws], [l / width for t, l, h, w in draws]]
+        return [[h * w / (height * width) for top, left, h, w in draws],
+                [math.log(w / h) for top, left, h, w in draws],
+                [top / height for top, left, h, w in draws], [left / width for top, left, h, w in draws]]
     for a, b in zip(features(mine), features(theirs)):
         assert statistics.mean(a) == pytest.approx(statistics.mean(b), abs=0.006)
         assert statistics.quantiles(a, n=10) == pytest.approx(statistics.quantiles(b, n=10), abs=0.02)

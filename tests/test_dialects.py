@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from conftest import ROOT, assert_same_weights, free_port, run_train, train_sh
-from mobilenet.cli import REFUSED, build_parser, config_from_args
+from mobilenet.cli import build_parser, config_from_args
+from mobilenet.dialects import REFUSED
 from mobilenet.config import thaw
 from mobilenet.errors import UsageError
 
@@ -95,7 +96,7 @@ def rank_environment(monkeypatch, **env):
         monkeypatch.setenv(key, str(value))
 
 
-# Ascend ModelZoo MobileNetV1_ID0094 main.py's flags, row by row as ../shared/NOTES.md lists them
+# Ascend ModelZoo MobileNetV1_ID0094 main.py's flags, row by row
 # (read at their commit 6835f66): (their flag as they type it, what it must become here: the settings
 # it sets, or the fragment of the one-line refusal where its meaning cannot hold here).
 MAIN_PY_FLAGS = [

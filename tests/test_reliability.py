@@ -175,9 +175,10 @@ def test_a_save_between_loss_checks_keeps_the_last_good_checkpoint(tmp_path):
     from mobilenet.distributed import World
     from mobilenet.engine import save_last_if_finite
     from mobilenet.errors import TrainingFailure
-    from mobilenet.training import TrainingState
+    from mobilenet.state import TrainingState
     cfg = resolve(build_config(ROOT / "configs" / "demo.yaml", ["device=cpu"]))
-    r = SimpleNamespace(state=TrainingState(cfg, torch.device("cpu"), steps_per_epoch=10), world=World())
+    state = TrainingState(cfg, torch.device("cpu"), steps_per_epoch=10)
+    r = SimpleNamespace(state=state, step=state.train_step, world=World())
     saver = CheckpointSaver(tmp_path)
     save_last_if_finite(r, saver)
     good = saver.last.read_bytes()

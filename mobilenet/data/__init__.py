@@ -4,8 +4,8 @@ Workers decode and augment to uint8 tensors; conversion to float, normalisation 
 format happen on the device, so host-to-device copies are 4x smaller.
 """
 from mobilenet.data.datasets import ImageFolderRGB, SyntheticImages, build_loaders, image_folder
-from mobilenet.data.decode import (EncodedImage, TrainCrop, ValCrop, largest_reduction,
-                                   train_transform, val_transform)
+from mobilenet.data.crops import TrainCrop, ValCrop, train_transform, val_transform
+from mobilenet.data.decode import EncodedImage, largest_reduction
 from mobilenet.data.demo import DIGITS_ROOT, build_digits
 from mobilenet.data.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from mobilenet.data.samplers import ResumableSampler, ShardSampler

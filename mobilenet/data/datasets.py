@@ -2,7 +2,6 @@
 loaders, and the cores this process may use. Which dataset a data.path gives: data/sources.py."""
 import contextlib
 import hashlib
-import math
 import multiprocessing
 import os
 import signal
@@ -57,7 +56,7 @@ class ImageSamples(Dataset):
     leaves out of its counts. ``strict``: a UsageError at the first such image. ``cache_mb``: the
     first images that fit, decoded once and kept."""
 
-    def keep(self, transform, strict=False, leave_out=None, cache_mb=0):
+    def ready(self, transform, strict=False, leave_out=None, cache_mb=0):
         """Called by a subclass once its samples are known."""
         self.transform, self.strict, self.leave_out = transform, strict, leave_out
         self.unreadable = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
@@ -78,7 +77,7 @@ class ImageSamples(Dataset):
         for index, (path, _) in enumerate(self.samples):
             try:
                 image = self.read(index)
-                budget -= image.keep_full_scale() if decoded else len(image.data)
+                budget -= image.hold_full_scale() if decoded else len(image.data)
                 if budget < 0:
                     break
                 if decoded:
@@ -154,7 +153,7 @@ class ImageFolderRGB(ImageSamples):
             raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
         self.samples = self.scan(self.root, {name: label for label, name in enumerate(self.classes)})
         self.targets = [label for _, label in self.samples]
-        self.keep(transform, strict, leave_out, cache_mb)
+        self.ready(transform, strict, leave_out, cache_mb)
 
     def read(self, index):
         return EncodedImage(read_regular_file(self.samples[index][0]))
@@ -228,6 +227,22 @@ def data_record(dataset):
     for line in dataset.record_lines():
         digest.update(line)
     return {"images": len(dataset), "fingerprint": digest.hexdigest()}
+
+
+def data_changes(was, now, then="then", here="now"):
+    """'train: 1437 images then, 718 now; val: the same count, other files' for the splits that
+    differ between two data records, or '' (also when one is missing); ``then`` and ``here`` name them."""
+    if not was or not now:
+        return ""
+    changes = []
+    for split in ("train", "val"):
+        before, after = was.get(split) or {}, now[split]
+        if before != after:
+            counts = (f"the same {after['images']} images, other files or labels"
+                      if before.get("images") == after["images"]
+                      else f"{before.get('images')} images {then}, {after['images']} {here}")
+            changes.append(f"{split}: {counts}")
+    return "; ".join(changes)
 
 
 def unreadable_flags(dataset):
@@ -317,51 +332,6 @@ class WorkerSignals:
             yield
         finally:
             self.protected.value = 0
-
-
-def usable_cores():
-    """The cores this process may use, not the machine's: its affinity (taskset, cpusets, Slurm) and
-    its cgroup's CPU quota (Docker --cpus, a Kubernetes limit), rounded up."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    quota = cpu_quota()
-    return max(1, min(cores, math.ceil(quota))) if quota else cores
-
-
-def cpu_quota():
-    """The CPUs this process's cgroup (and its parents) may use, as a number such as 2.5, or None
-    without a quota; cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us / cpu.cfs_period_us)."""
-    try:
-        memberships = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
-        mounts = [line.split(" - ") for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    except OSError:
-        return None
-    limits = []
-    for before, after in (m for m in mounts if len(m) == 2):
-        fields, (fstype, _, options) = before.split(), after.split()[:3]
-        root, mount_point = fields[3], fields[4]
-        for _, controllers, path in memberships:
-            if fstype == "cgroup2" and controllers == "":
-                files = ("cpu.max",)
-            elif fstype == "cgroup" and "cpu" in controllers.split(",") and "cpu" in options.split(","):
-                files = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
-            else:
-                continue
-            folder = Path(mount_point) / os.path.relpath(path, root)
-            while folder.is_relative_to(mount_point):  # this cgroup and the ones above it
-                limits.append(quota_in(folder, files))
-                folder = folder.parent
-    limits = [limit for limit in limits if limit]
-    return min(limits) if limits else None
-
-
-def quota_in(folder, files):
-    """CPUs of the quota that ``files`` in a cgroup ``folder`` set, or None (none, or unreadable)."""
-    try:
-        values = " ".join((folder / name).read_text().strip() for name in files).split()
-        quota, period = int(values[0]), int(values[1])  # cpu.max: 'max 100000' when there is none
-    except (OSError, ValueError, IndexError):
-        return None
-    return quota / period if quota > 0 and period > 0 else None
 
 
 def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False,

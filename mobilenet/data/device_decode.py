@@ -15,7 +15,7 @@ pixels differ more (tests/test_device_decode.py states the tolerance in numbers)
 torchvision 0.29 (our pin) marks its image decoding deprecated in favour of TorchCodec; decode_jpeg
 still works there and in 0.26 (the GPU machine's), and the warning is silenced here, once.
 Ascend: torchvision_npu's DVPP decodes one image per call in each loader worker and copies it back
-to the host (../shared/NOTES.md), so it fits the workers path, not this one; a batched DVPP decode
+to the host, so it fits the workers path, not this one; a batched DVPP decode
 would take this module's place behind the same DeviceDecoder interface (unbuilt: no card here).
 """
 import random

@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from mobilenet.data.decode import ValCrop
+from mobilenet.data.crops import ValCrop
 from mobilenet.data.device_decode import DeviceDecoder, EncodedBatch
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -154,7 +154,7 @@ class PreparedImages(ImageSamples):
         self.samples = [(os.path.join(self.root, os.fsdecode(name)), label)
                         for name, label in zip(self.names, self.targets)]
         self.maps = {}  # shard -> memory map, opened in each process that reads (after the fork)
-        self.keep(transform, strict, leave_out, cache_mb)
+        self.ready(transform, strict, leave_out, cache_mb)
 
     def read(self, index):
         if not self.lengths[index]:

@@ -11,24 +11,26 @@ from pathlib import Path
 from typing import Callable
 
 from mobilenet.data import prepared
-from mobilenet.data.datasets import (EncodedImage, SyntheticImages, checked, image_folder, read_regular_file,
-                                     usable_cores)
-from mobilenet.data.decode import train_transform, val_transform
+from mobilenet.data.datasets import EncodedImage, SyntheticImages, checked, image_folder, read_regular_file
+from mobilenet.data.crops import train_transform, val_transform
 from mobilenet.data.demo import DIGITS_ROOT, TRAIN_IMAGES as DIGITS_TRAIN_IMAGES, build_digits
 from mobilenet.data.device_decode import ScreenedCrop
 from mobilenet.errors import UsageError
+from mobilenet.host import usable_cores
 
 
 @dataclass(frozen=True)
 class Source:
     """``claims(path)``; ``datasets(path, data, model, crops)``: (train, val), ``crops`` the (train,
     val) transforms; ``train_images(path, data, limit)``: counted up to ``limit``;
-    ``decoded_bytes(path)``: one training image's, decoded (estimated); ``recipe``: configs/NAME.yaml."""
+    ``decoded_bytes(path)``: one training image's, decoded (estimated); ``recipe``: configs/NAME.yaml;
+    ``preparable``: scripts/prepare_data.py can make a prepared set of it (the data-wait advice)."""
     claims: Callable
     datasets: Callable
     train_images: Callable
     decoded_bytes: Callable
     recipe: str
+    preparable: bool = False
 
 
 def synthetic_datasets(path, data, model, crops):
@@ -82,7 +84,7 @@ def folder_decoded_bytes(path, sample=16):
     sizes = []
     for file in itertools.islice(first_files(Path(path) / "train"), sample):
         try:
-            sizes.append(EncodedImage(read_regular_file(file)).keep_full_scale())
+            sizes.append(EncodedImage(read_regular_file(file)).hold_full_scale())
         except Exception:  # noqa: BLE001  the loader says what is wrong with a file
             continue
     return sum(sizes) / len(sizes) if sizes else 3 * 32 * 32  # the digits before they are written: 32 px
@@ -106,7 +108,7 @@ SOURCES = {
                        decoded_bytes=lambda path: 3 * prepared.manifest(path)["settings"]["max_side"] ** 2 * 3 // 4,
                        recipe="imagenet"),
     "folder": Source(claims=lambda path: True, datasets=folder_datasets, train_images=folder_images,
-                     decoded_bytes=folder_decoded_bytes, recipe="imagenet"),
+                     decoded_bytes=folder_decoded_bytes, recipe="imagenet", preparable=True),
 }
 
 

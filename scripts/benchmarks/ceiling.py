@@ -180,7 +180,8 @@ def main(argv=None):
     p.add_argument("--device", default="auto", choices=DEVICES)
     args, overrides = p.parse_known_args(argv)
     from mobilenet.config import build_config, resolve
-    from mobilenet.device import choose_device, cpu_model, describe, open_device
+    from mobilenet.device import choose_device, describe, open_device
+    from mobilenet.host import cpu_model
     from mobilenet.errors import UsageError
     from benchmarks.harness import interleave, interval_note, markdown_table, training_img_per_s, write_json
     cases = [parse_case(text) for text in args.cases]

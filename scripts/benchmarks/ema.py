@@ -37,7 +37,7 @@ def timed_step(args, overrides, impl, ema):
     from mobilenet.device import open_device, synchronize
     from benchmarks.harness import synthetic_batch
     from mobilenet.optim import SETTINGS
-    from mobilenet.training import TrainingState
+    from mobilenet.state import TrainingState
     cfg = resolve(build_config(ROOT / "configs" / "synthetic.yaml", [
         f"model.width_mult={args.width}", f"model.resolution={args.resolution}", "model.num_classes=10",
         f"data.batch_size={args.batch_size}", f"train.ema_decay={DECAY if ema != 'none' else 0}",
@@ -48,7 +48,7 @@ def timed_step(args, overrides, impl, ema):
     if ema == "torch":
         step.ema = TorchAveragedModel(step.net, DECAY)
     step.train()
-    images, labels = next(iter(state.batches(synthetic_batch(cfg))))
+    images, labels = next(iter(state.train_step.batches(synthetic_batch(cfg))))
     for _ in range(3):
         step(images, labels)
     ops = count_ops(step.ema.update) if step.ema is not None else 0
@@ -71,7 +71,7 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=30)
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.device import cpu_model
+    from mobilenet.host import cpu_model
     from benchmarks.harness import interleave, markdown_table, write_json
     variants, ops = {}, {}
     for impl in ("loop", "torch_fused"):

@@ -142,9 +142,9 @@ def main(argv=None):
     import torch
 
     from benchmarks.harness import interleave, markdown_table, training_rate, write_json
-    from mobilenet.data.datasets import usable_cores
+    from mobilenet.host import usable_cores
     from mobilenet.data.sources import auto_workers
-    from mobilenet.device import cpu_model
+    from mobilenet.host import cpu_model
     cores, threads = usable_cores(), torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
         roots = sources(args, tmp)

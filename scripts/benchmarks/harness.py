@@ -16,7 +16,7 @@ from mobilenet.engine import run
 from mobilenet.errors import UsageError
 from mobilenet.measure import COMPILE_STEPS, PHASES, OpCounter, OtherLoad, PhaseOps, count_ops
 from mobilenet.training import no_phase
-from mobilenet.training import TrainingState
+from mobilenet.state import TrainingState
 
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
@@ -172,7 +172,7 @@ def op_budget(cfg, device, warmup=3):
     raw = synthetic_batch(cfg)
 
     def prefetch():
-        return next(iter(state.batches(raw)))
+        return next(iter(state.train_step.batches(raw)))
     for _ in range(warmup):
         state.train_on(*prefetch())
     with OpCounter() as counter:
@@ -189,7 +189,7 @@ def op_budget(cfg, device, warmup=3):
 
 
 # ImageNet's training JPEGs: mostly about 500x375 (either way up), saved at quality ~96 without
-# chroma subsampling; a share far larger, a few grayscale and CMYK (../shared/NOTES.md).
+# chroma subsampling; a share far larger, a few grayscale and CMYK.
 IMAGENET_LIKE = {"500x375, either way up": 0.75, "long side 800-2000": 0.17, "grayscale": 0.05, "CMYK": 0.03}
 
 

@@ -41,11 +41,11 @@ def step_timer(cfg, device, batch, steps=3):
     """A function returning ms per TrainStep at ``batch`` (synthetic batch in memory)."""
     from mobilenet.device import synchronize
     from benchmarks.harness import synthetic_batch
-    from mobilenet.training import TrainingState
+    from mobilenet.state import TrainingState
     state = TrainingState(cfg, device, steps_per_epoch=1)
     step = state.train_step
     step.train()
-    images, labels = next(iter(state.batches(synthetic_batch(cfg, batch))))
+    images, labels = next(iter(state.train_step.batches(synthetic_batch(cfg, batch))))
     step(images, labels)
 
     def ms():

@@ -29,14 +29,14 @@ def from_memory(args, overrides):
     from mobilenet.config import resolve
     from mobilenet.data import build_datasets, build_loaders
     from mobilenet.device import open_device, synchronize
-    from mobilenet.training import TrainingState
+    from mobilenet.state import TrainingState
     cfg = resolve(build(args, overrides))
     device = open_device(cfg["derived"]["device"])
     train_set, val_set = build_datasets(cfg["data"], cfg["model"])
     state = TrainingState(cfg, device, steps_per_epoch=args.steps)
     loader, _ = build_loaders(train_set, val_set, cfg["data"], cfg["seed"])
     loader.sampler.set_epoch(0)
-    batches = [b for _, b in zip(range(args.steps), state.batches(loader))]
+    batches = [b for _, b in zip(range(args.steps), state.train_step.batches(loader))]
     state.train_step.train()
 
     def measure():

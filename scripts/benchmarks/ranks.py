@@ -1,5 +1,5 @@
 """What keeping the ranks equal costs at each epoch's end: the checksum of every tensor and number
-a rank must share (TrainingState.shared_state: weights or O2 masters, buffers, optimizer, scheduler,
+a rank must share (behaviours.rank_agreement.shared_state: weights or O2 masters, buffers, optimizer, scheduler,
 loss scaler, EMA, the network as trained), against one training step, per implementation and amp level.
 
 python scripts/bench.py ranks [--width 1.0] [--resolution 32] [--batch-size 32] [--steps 5]
@@ -23,14 +23,15 @@ def timed(args, overrides, impl, level):
     from mobilenet.device import open_device, synchronize
     from mobilenet.distributed import checksum
     from mobilenet.optim import SETTINGS
-    from mobilenet.training import TrainingState
+    from mobilenet.behaviours.rank_agreement import shared_state
+    from mobilenet.state import TrainingState
     cfg = resolve(build_config(ROOT / "configs" / "synthetic.yaml", [
         f"model.width_mult={args.width}", f"model.resolution={args.resolution}",
         f"data.batch_size={args.batch_size}", f"amp.level={level}", *SETTINGS[impl], *overrides]))
     device = open_device(cfg["derived"]["device"])
     state = TrainingState(cfg, device, steps_per_epoch=1000)
-    state.train()
-    images, labels = next(iter(state.batches(synthetic_batch(cfg))))
+    state.train_step.train()
+    images, labels = next(iter(state.train_step.batches(synthetic_batch(cfg))))
     for _ in range(3):
         state.train_on(images, labels)
 
@@ -45,14 +46,14 @@ def timed(args, overrides, impl, level):
     def check_ms():
         synchronize(device)
         start = time.perf_counter()
-        torch.stack([checksum(value, device) for _, value in state.shared_state()]).cpu()
+        torch.stack([checksum(value, device) for _, value in shared_state(state)]).cpu()
         return 1000 * (time.perf_counter() - start)
-    return step_ms, check_ms, len(state.shared_state())
+    return step_ms, check_ms, len(shared_state(state))
 
 
 def main(argv=None):
     from benchmarks.harness import benchmark_parser, interleave, markdown_table, write_json
-    from mobilenet.device import cpu_model
+    from mobilenet.host import cpu_model
     p = benchmark_parser(__doc__)
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--resolution", type=int, default=32)
