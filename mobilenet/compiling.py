@@ -48,7 +48,8 @@ def choose_compile(setting, device_type, *, steps, batch, cost, eager_only=None)
     false), the one home of that decision. auto: on for cuda when compiling is at most
     COMPILE_MAX_SHARE of the run, whose eager time is estimated from ``steps(limit)`` (the run's
     steps, counted up to ``limit``: a long run's figure is a lower bound), ``batch`` and the model's
-    ``cost()`` (model.relative_cost, asked only here); off on cpu (measured slower), on npu (torchair has not run here) and where
+    ``cost()`` (model.relative_cost, asked only here); off on cpu (measured slower), on npu (torchair
+    has not run here) and where
     ``eager_only`` names what needs the eager step."""
     if setting is not True and setting != "auto":
         return None, "off (train.compile=false)"

@@ -142,7 +142,8 @@ RANGES = {
     "schedule.warmup_start_factor": "(0, 1]", "schedule.min_lr": "[0, inf)",
     "train.epochs": "[1, inf)", "train.label_smoothing": "[0, 1)", "train.ema_decay": "[0, 1)",
     "train.log_every": "[1, inf)", "train.keep_checkpoints": "[0, inf)",
-    "train.max_steps_per_epoch": "[0, inf)", "train.max_steps": "[0, inf)", "train.checkpoint_every_minutes": "[0, inf)",
+    "train.max_steps_per_epoch": "[0, inf)", "train.max_steps": "[0, inf)",
+    "train.checkpoint_every_minutes": "[0, inf)",
     "train.stall_timeout": "[0, inf)",
 }
 
@@ -348,14 +349,14 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the implementation that runs:
     loop|foreach|torch_fused|npu_fused|apex_npu_fused) and optimizer_class (what it is, for the log and
     summary), amp_backend (none|native|apex), workers (data.workers, auto resolved), decode and
-    decode_why (workers|device), compile (torch.compile's backend and mode, or None) and compile_why. ``output`` defaults to
+    decode_why (workers|device), compile (torch.compile's backend and mode, or None) and compile_why.
+    ``output`` defaults to
     runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
     what the flags of other scripts' dialects became (mobilenet.cli), kept for the log. ``probe``:
     whether a choice may measure the process's card (data.decode auto; not in the launcher's check).
     """
     from mobilenet.amp import choose_backend
     from mobilenet.data.sources import auto_workers
-    from mobilenet.data.device_decode import choose_decode
     from mobilenet.compiling import choose_compile
     from mobilenet.device import choose_device
     from mobilenet.distributed import world_from_env
@@ -390,6 +391,23 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     resolved["output"] = cfg["output"] or f"runs/{name}-{optim['impl']}"
     resolved["derived"] = derived
     return freeze(resolved)
+
+
+def choose_decode(setting, device_type, *, workers, card=0, probe=True):
+    """('workers' or 'device', why) for data.decode ``setting``. auto: device on cuda when a probe
+    decodes baseline JPEGs on the process's card to the workers' pixels and faster than its
+    loader's ``workers`` decode them on the host (mobilenet.data.device_decode.decode_choice), else
+    workers: on cpu and npu always (the npu has no batched decode here).
+    ``probe=False`` (the launcher's own check): no probe, no card touched; the training processes
+    decide."""
+    if setting != "auto":
+        return setting, f"{setting} (data.decode={setting})"
+    if device_type != "cuda":
+        return "workers", f"workers (auto: decoding on the device is for cuda; this is {device_type})"
+    if not probe:
+        return "workers", "workers (auto: decided by each training process's probe)"
+    from mobilenet.data.device_decode import probe_choice  # device decode is imported only where it may run
+    return probe_choice(card, workers)
 
 
 def device_id_notes(device_id, device, world_size):

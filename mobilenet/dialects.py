@@ -109,12 +109,7 @@ def dialect_settings(args, processes):
     """[(origin, {setting: value}, note)] for the dialect flags given; ``note`` says what a flag
     with a per-node meaning became per process (for the log and derived.command_line)."""
     found = []
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UsageError(f"--max-steps/--stop-step-num {args.max_steps}: give at least 1 step (without "
-                         f"the flag the run has no step cap)")
-    if args.max_steps_per_epoch is not None and args.max_steps_per_epoch < 0:
-        raise UsageError(f"--max_steps {args.max_steps_per_epoch}: give 0 (no cap) or more; ModelZoo's "
-                         f"--max_steps N trains N+2 batches an epoch")
+    check_step_caps(args)
 
     def add(origin, settings, note=None):
         found.append((origin, settings,
@@ -167,6 +162,16 @@ def dialect_settings(args, processes):
                          "checkpoint file (ours or ModelZoo's): model.pretrained=FILE")
     add_amp(args, add)
     return found
+
+
+def check_step_caps(args):
+    """--max-steps and ModelZoo's --max_steps: a UsageError for a count that means nothing."""
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError(f"--max-steps/--stop-step-num {args.max_steps}: give at least 1 step (without "
+                         f"the flag the run has no step cap)")
+    if args.max_steps_per_epoch is not None and args.max_steps_per_epoch < 0:
+        raise UsageError(f"--max_steps {args.max_steps_per_epoch}: give 0 (no cap) or more; ModelZoo's "
+                         f"--max_steps N trains N+2 batches an epoch")
 
 
 def add_amp(args, add):

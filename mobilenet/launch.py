@@ -110,7 +110,8 @@ def launch(torchrun, args, errors):
         if finished_here(errors, args):
             print(f"{node}: the job ended", flush=True)
             return 0
-        print(f"error: {node}: torchrun ended with {type(e).__name__} ({str(e).splitlines()[0][:160] if str(e) else ''}) "
+        detail = str(e).splitlines()[0][:160] if str(e) else ""
+        print(f"error: {node}: torchrun ended with {type(e).__name__} ({detail}) "
               f"before this node's workers finished; if another job meets at {args.rdzv_endpoint} with the same "
               f"--rdzv-id, give each job its own --master-port", file=sys.stderr, flush=True)
         return EXIT_FAILURE

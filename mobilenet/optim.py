@@ -41,8 +41,10 @@ ALGORITHMS = {
 
 
 def npu_fused_class(module_name):
-    return lambda algorithm, groups, kwargs: getattr(importlib.import_module(module_name) if module_name != "torch_npu"
-                                                     else import_torch_npu().optim, algorithm.npu_fused)(groups, **kwargs)
+    def build(algorithm, groups, kwargs):
+        module = import_torch_npu().optim if module_name == "torch_npu" else importlib.import_module(module_name)
+        return getattr(module, algorithm.npu_fused)(groups, **kwargs)
+    return build
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ class TrainingState:
         step = self.train_step
         training = ckpt.is_training_checkpoint(checkpoint)
         if training:  # checked before any weight is loaded
-            self.check_resumable(checkpoint, path)
+            check_resumable(self, checkpoint, path)
         load_weights(step.net, checkpoint, path, self.cfg["model"]["name"])
         step.precision.load_weights(unwrap_state_dict(checkpoint))
         if not training:
@@ -206,67 +206,69 @@ class TrainingState:
         if taken is not None:
             self.resumed_at = self.global_step
         say(f"resumed from {path} (epoch {self.epoch}, batch {self.epoch_step}; global step {self.global_step})")
-        for note in (taken or []) + self.notes + self.changes_since(checkpoint):
+        for note in (taken or []) + self.notes + changes_since(self, checkpoint):
             say(f"note: {note}")
 
-    def changes_since(self, checkpoint):
-        """What a resume of ``checkpoint`` changes (global batch, LR, data order, the data), as notes."""
-        notes = []
-        derived = (checkpoint.get("config") or {}).get("derived") or {}
-        was = (derived.get("world_size"), derived.get("global_batch"), derived.get("lr"))
-        now = tuple(self.cfg["derived"][key] for key in ("world_size", "global_batch", "lr"))
-        if None not in was and was != now:
-            notes.append(f"the checkpoint trained with {was[0]} process(es), global batch {was[1]}, lr {was[2]:g}; "
-                         f"this run has {now[0]}, {now[1]}, lr {now[2]:g}, and so another data order")
-        if ckpt.is_training_checkpoint(checkpoint):
-            unknown = sorted(str(key) for key in checkpoint if key not in ckpt.KEYS)
-            if unknown:
-                notes.append(f"the checkpoint's keys {', '.join(unknown[:8])} are not this app's; ignored")
-        changed = data_changes(checkpoint.get("data"), self.data)
-        if not checkpoint.get("data"):
-            notes.append("the checkpoint records no description of its data (written before they were "
-                         "recorded), so whether the data changed could not be checked")
-        elif changed:
-            notes.append(f"the data changed since the checkpoint: {changed}")
-        if checkpoint.get("epoch_step") and self.cfg["train"]["resume_next_epoch"]:
-            notes.append(f"train.resume_next_epoch: the rest of epoch {checkpoint['epoch']} (from batch "
-                         f"{checkpoint['epoch_step']}) is skipped; training goes on at epoch {self.epoch}")
-        return notes
 
-    def check_resumable(self, checkpoint, path):
-        """The one place that says why a training checkpoint cannot continue in this run."""
-        weights_only = f"to start from its weights only, pass model.pretrained={path} instead of --resume"
-        check_same_model(checkpoint, self.cfg["model"]["name"], path)
-        malformed = ckpt.malformed_field(checkpoint)
-        if malformed:
-            key, expected = malformed
-            raise UsageError(f"{path}: not a checkpoint this app can resume: its '{key}' is "
-                             f"{str(checkpoint.get(key))[:40]!r} ({type(checkpoint.get(key)).__name__}), "
-                             f"expected {expected}; {weights_only}")
-        saved = ((checkpoint.get("config") or {}).get("optim") or {}).get("name")
-        algorithm = self.cfg["optim"]["name"]
-        if saved and saved != algorithm:
-            raise UsageError(f"{path}: trained with optimizer {saved}, this run uses {algorithm} "
-                             f"(optim.name); {weights_only}")
-        saved = checkpoint.get("config") or {}
-        was = ((saved.get("derived") or {}).get("world_size"), (saved.get("data") or {}).get("batch_size"))
-        now = (self.cfg["derived"]["world_size"], self.cfg["data"]["batch_size"])
-        epoch, epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
-        if epoch_step and None not in was and was != now:
-            raise UsageError(f"{path}: stopped mid-epoch (batch {epoch_step}) with {was[0]} process(es) x "
-                             f"data.batch_size {was[1]}; this run has {now[0]} x {now[1]}, so the epoch would "
-                             f"go on from another place; resume with {was[0]} x {was[1]}, or from a checkpoint "
-                             f"written at an epoch's end")
-        changed = data_changes(checkpoint.get("data"), self.data)
-        if epoch_step and changed and "train:" in changed and not self.cfg["train"]["resume_next_epoch"]:
-            raise UsageError(f"{path}: stopped mid-epoch (epoch {epoch}, batch {epoch_step}) on "
-                             f"other data ({changed}), so that epoch cannot go on; restore the data, or go on "
-                             f"from the start of epoch {epoch + 1} with train.resume_next_epoch=true")
-        groups = [len(group["params"]) for group in checkpoint["optimizer"].get("param_groups", [])]
-        own = [len(group["params"]) for group in self.train_step.optimizer.param_groups]
-        if groups != own:
-            raise UsageError(f"{path}: its optimizer has parameter groups of {groups} tensors, this "
-                             f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
+def changes_since(state, checkpoint):
+    """What a resume of ``checkpoint`` into ``state`` changes (global batch, LR, data order, the data),
+    as notes."""
+    notes = []
+    derived = (checkpoint.get("config") or {}).get("derived") or {}
+    was = (derived.get("world_size"), derived.get("global_batch"), derived.get("lr"))
+    now = tuple(state.cfg["derived"][key] for key in ("world_size", "global_batch", "lr"))
+    if None not in was and was != now:
+        notes.append(f"the checkpoint trained with {was[0]} process(es), global batch {was[1]}, lr {was[2]:g}; "
+                     f"this run has {now[0]}, {now[1]}, lr {now[2]:g}, and so another data order")
+    if ckpt.is_training_checkpoint(checkpoint):
+        unknown = sorted(str(key) for key in checkpoint if key not in ckpt.KEYS)
+        if unknown:
+            notes.append(f"the checkpoint's keys {', '.join(unknown[:8])} are not this app's; ignored")
+    changed = data_changes(checkpoint.get("data"), state.data)
+    if not checkpoint.get("data"):
+        notes.append("the checkpoint records no description of its data (written before they were "
+                     "recorded), so whether the data changed could not be checked")
+    elif changed:
+        notes.append(f"the data changed since the checkpoint: {changed}")
+    if checkpoint.get("epoch_step") and state.cfg["train"]["resume_next_epoch"]:
+        notes.append(f"train.resume_next_epoch: the rest of epoch {checkpoint['epoch']} (from batch "
+                     f"{checkpoint['epoch_step']}) is skipped; training goes on at epoch {state.epoch}")
+    return notes
+
+def check_resumable(state, checkpoint, path):
+    """The one place that says why a training checkpoint cannot continue in ``state``'s run."""
+    weights_only = f"to start from its weights only, pass model.pretrained={path} instead of --resume"
+    check_same_model(checkpoint, state.cfg["model"]["name"], path)
+    malformed = ckpt.malformed_field(checkpoint)
+    if malformed:
+        key, expected = malformed
+        raise UsageError(f"{path}: not a checkpoint this app can resume: its '{key}' is "
+                         f"{str(checkpoint.get(key))[:40]!r} ({type(checkpoint.get(key)).__name__}), "
+                         f"expected {expected}; {weights_only}")
+    saved = ((checkpoint.get("config") or {}).get("optim") or {}).get("name")
+    algorithm = state.cfg["optim"]["name"]
+    if saved and saved != algorithm:
+        raise UsageError(f"{path}: trained with optimizer {saved}, this run uses {algorithm} "
+                         f"(optim.name); {weights_only}")
+    saved = checkpoint.get("config") or {}
+    was = ((saved.get("derived") or {}).get("world_size"), (saved.get("data") or {}).get("batch_size"))
+    now = (state.cfg["derived"]["world_size"], state.cfg["data"]["batch_size"])
+    epoch, epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
+    if epoch_step and None not in was and was != now:
+        raise UsageError(f"{path}: stopped mid-epoch (batch {epoch_step}) with {was[0]} process(es) x "
+                         f"data.batch_size {was[1]}; this run has {now[0]} x {now[1]}, so the epoch would "
+                         f"go on from another place; resume with {was[0]} x {was[1]}, or from a checkpoint "
+                         f"written at an epoch's end")
+    changed = data_changes(checkpoint.get("data"), state.data)
+    if epoch_step and changed and "train:" in changed and not state.cfg["train"]["resume_next_epoch"]:
+        raise UsageError(f"{path}: stopped mid-epoch (epoch {epoch}, batch {epoch_step}) on "
+                         f"other data ({changed}), so that epoch cannot go on; restore the data, or go on "
+                         f"from the start of epoch {epoch + 1} with train.resume_next_epoch=true")
+    groups = [len(group["params"]) for group in checkpoint["optimizer"].get("param_groups", [])]
+    own = [len(group["params"]) for group in state.train_step.optimizer.param_groups]
+    if groups != own:
+        raise UsageError(f"{path}: its optimizer has parameter groups of {groups} tensors, this "
+                         f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
 
 
 def training_seed(seed, rank, global_step):

@@ -361,7 +361,8 @@ def _npu_fused(base, name):
     return NpuFused
 
 
-amp.initialize, amp.scale_loss, amp.state_dict, amp.load_state_dict = initialize, scale_loss, state_dict, load_state_dict
+amp.initialize, amp.scale_loss = initialize, scale_loss
+amp.state_dict, amp.load_state_dict = state_dict, load_state_dict
 optimizers.NpuFusedSGD = _npu_fused(torch.optim.SGD, "NpuFusedSGD")
 optimizers.NpuFusedAdam = _npu_fused(torch.optim.Adam, "NpuFusedAdam")
 optimizers.NpuFusedAdamW = _npu_fused(torch.optim.AdamW, "NpuFusedAdamW")

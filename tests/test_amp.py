@@ -97,7 +97,8 @@ def test_injected_inf_skips_exactly_one_step_and_halves_the_scale(impl):
     step(model, precision, optimizer, inject_inf=True)  # fused: skipped inside the kernel (found_inf)
     assert all(torch.equal(a, b) for a, b in zip(masters, precision.masters.params))
     assert all(torch.equal(v, p) for v, p in zip(weights.values(), model.parameters()))
-    assert all(torch.equal(a, optimizer.state[m]["momentum_buffer"]) for a, m in zip(momentum, precision.masters.params))
+    assert all(torch.equal(a, optimizer.state[m]["momentum_buffer"])
+               for a, m in zip(momentum, precision.masters.params))
     assert precision.scaler.scale.item() == scale / 2
     assert precision.scaler.skipped.item() == skipped + 1
     for _ in range(3):  # 2**13 at most: clean steps update the masters again

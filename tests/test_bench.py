@@ -125,7 +125,8 @@ def test_no_benchmark_reports_a_warm_up_rate(digits):
                            steps=48, log_every=8)  # the digits hold 5 batches of 256
     with pytest.raises(UsageError, match="the first interval is the warm-up"):
         training_img_per_s(ROOT / "configs" / "demo.yaml", settings, steps=4, log_every=4)
-    for wrong in (["ceiling", "--cases", "eager/8/O9-float16/loop"], ["ceiling", "--cases", "graphed/8/O1-float16/loop"]):
+    for wrong in (["ceiling", "--cases", "eager/8/O9-float16/loop"],
+                  ["ceiling", "--cases", "graphed/8/O1-float16/loop"]):
         result = subprocess.run([sys.executable, "scripts/bench.py", *wrong], cwd=ROOT, capture_output=True, text=True)
         assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--cases" in result.stderr
 
@@ -142,8 +143,9 @@ def test_op_budget_table_is_consistent(tmp_path, capsys):
         assert row["forward"] > 0 and row["backward"] > 0 and row["ema"] > 0 and row["input"] > 0
     by = {(r["implementation"], r["amp"]): r for r in rows}
     for level in ("O0", "O1"):
-        assert by["torch_fused", level]["optimizer"] < by["foreach", level]["optimizer"] < by["loop", level]["optimizer"]
-        assert by["loop", level]["optimizer"] >= 83 * 3 and by["torch_fused", level]["total"] < by["loop", level]["total"]
+        fused, foreach, loop = (by[implementation, level] for implementation in ("torch_fused", "foreach", "loop"))
+        assert fused["optimizer"] < foreach["optimizer"] < loop["optimizer"]
+        assert loop["optimizer"] >= 83 * 3 and fused["total"] < loop["total"]
     assert by["loop", "O1"]["unscale"] > 0 == by["loop", "O0"]["unscale"]
     assert "| torch_fused | O1 |" in capsys.readouterr().out
 
@@ -165,7 +167,8 @@ def test_host_model_and_amp_table_and_pipeline_run(tmp_path, capsys):
 def test_one_entry_point_runs_each_benchmark(tmp_path):
     result = subprocess.run([sys.executable, "scripts/bench.py", "--help"], cwd=ROOT, capture_output=True, text=True)
     names = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
-    files = sorted(p.stem.replace("_", "-") for p in (ROOT / "scripts" / "benchmarks").glob("*.py") if p.stem != "harness")
+    files = sorted(p.stem.replace("_", "-") for p in (ROOT / "scripts" / "benchmarks").glob("*.py")
+                   if p.stem != "harness")
     assert result.returncode == 0 and sorted(names) == files
     wrong = subprocess.run([sys.executable, "scripts/bench.py", "nope"], cwd=ROOT, capture_output=True, text=True)
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: no benchmark 'nope'")

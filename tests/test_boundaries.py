@@ -101,7 +101,9 @@ def try_setting(key, value, folder, digits):
         summary = run(cfg, start_over=True)
     except UsageError as e:
         text = str(e).strip()
-        return f"refused: {text}" if text and "\n" not in text else f"broken: a UsageError of {len(text.splitlines())} lines"
+        if text and "\n" not in text:
+            return f"refused: {text}"
+        return f"broken: a UsageError of {len(text.splitlines())} lines"
     except Exception as e:  # noqa: BLE001 - what this test looks for
         return f"broken: {type(e).__name__}: {str(e)[:200]}"
     return "trained" if summary.get("global_step", 0) >= 1 else f"broken: trained no step ({summary})"

@@ -71,8 +71,10 @@ def test_a_modelzoo_checkpoint_resumes_at_its_epoch_with_its_momentum(two_epochs
         assert (f"note: optim.{setting}: the checkpoint's optimizer had {was}, this run's is {now} (config.yaml), "
                 f"which it trains with") in said
     assert (f"note: {theirs} is a checkpoint of ModelZoo's main.py: its weights, epoch and best top-1 99.500 are "
-            f"taken, not the loss scaler's and the random generators' states (ModelZoo's checkpoints hold neither)") in said
-    ours, straight = (load_checkpoint(folder / "checkpoints" / "last.pt") for folder in (tmp_path / "from_theirs", two_epochs))
+            f"taken, not the loss scaler's and the random generators' states (ModelZoo's checkpoints hold "
+            f"neither)") in said
+    ours, straight = (load_checkpoint(folder / "checkpoints" / "last.pt")
+                      for folder in (tmp_path / "from_theirs", two_epochs))
     assert (ours["epoch"], ours["best_prec1"]) == (2, 99.5)
     for key, value in straight["state_dict"].items():
         assert torch.equal(value, ours["state_dict"][key]), key
@@ -250,7 +252,8 @@ def test_a_full_disk_before_or_between_saves_is_one_line(tmp_path, digits, when)
     """Already full when the run starts (the run lock): a usage error, exit 2. Filled while it
     trains (the next metrics.jsonl lines; its last page's room holds a few more), in the first epoch
     or after its save: exit 1, one line that says which, the checkpoints intact. No traceback."""
-    args = " ".join([*BASE, "--data", str(digits), "train.log_every=1", "data.batch_size=16", "train.max_steps_per_epoch=0",
+    args = " ".join([*BASE, "--data", str(digits), "train.log_every=1", "data.batch_size=16",
+                     "train.max_steps_per_epoch=0",
                      "--epochs", "2"])
     mount, result = in_small_tmpfs(tmp_path, 4 << 20, FULL_AT_START if when == "at start" else FILLS_MID_RUN,
                                    args=args, logs=tmp_path, epoch=0 if when == "before any save" else 1)
@@ -261,7 +264,8 @@ def test_a_full_disk_before_or_between_saves_is_one_line(tmp_path, digits, when)
         assert errors[0] == (f"error: --output {mount}/run: cannot write there (No space left on device); "
                              f"free some space or pass another --output")
         return
-    saved = "no checkpoint had been saved yet" if when == "before any save" else "the checkpoints saved before are intact"
+    saved = ("no checkpoint had been saved yet" if when == "before any save"
+             else "the checkpoints saved before are intact")
     assert "exit 1" in result.stdout
     assert errors[0] == (f"error: {mount}/run/metrics.jsonl: cannot write the metrics (No space left on device); "
                          f"stopped, {saved}; free some space and resume with --resume auto"), errors[0]

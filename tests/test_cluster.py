@@ -251,7 +251,8 @@ def test_a_node_whose_partner_never_arrives_exits_with_a_line():
                              "--node-rank", "0", "--master-port", str(port := free_port()), "--join-timeout", "2"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
-    assert result.stdout.strip() == f"node 0 of 2: meeting the other nodes at 127.0.0.1:{port} (torchrun waits 2 s for them)"
+    assert result.stdout.strip() == (f"node 0 of 2: meeting the other nodes at 127.0.0.1:{port} (torchrun waits 2 s "
+                                     f"for them)")
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: node 0 of 2 at 127.0.0.1:{port}: the other nodes did not all arrive within 2 s; start "
         f"train.sh on every node with the same --nnodes, --master-addr, --master-port and --rdzv-id (and another "

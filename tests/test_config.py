@@ -238,11 +238,12 @@ def test_workers_auto_shares_the_usable_cores_among_the_node_processes(tmp_path,
     assert resolved["data"]["workers"] == "auto" and resolved["derived"]["workers"] == max(0, usable_cores() - 1)
     for given in (["data.workers=3"], ["-j", "3"], ["--workers", "3"]):  # an explicit value wins
         out = tmp_path / given[0]
-        assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *given, *NO_WORKERS, "--epochs", "1",
-                           "train.max_steps=2"]) == 0
+        assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *given,
+                           *NO_WORKERS, "--epochs", "1", "train.max_steps=2"]) == 0
         assert yaml.safe_load((out / "config.yaml").read_text())["derived"]["workers"] == 3
     out = tmp_path / "auto"
-    assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *NO_WORKERS, "--epochs", "1", "train.max_steps=2"]) == 0
+    assert train.main(["--config", "configs/demo.yaml", "--data", str(digits), "--output", str(out), *NO_WORKERS,
+                       "--epochs", "1", "train.max_steps=2"]) == 0
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["data"]["workers"] == "auto" and saved["derived"]["workers"] == 0  # the demo: in memory
 
@@ -285,7 +286,7 @@ def test_workers_auto_sees_a_cpu_quota(tmp_path):
 
 
 def test_decode_auto_takes_the_workers_off_cuda_and_says_why():
-    from mobilenet.data.device_decode import choose_decode
+    from mobilenet.config import choose_decode
     cfg = resolve(build_config(None, ["device=cpu", "data.path=/imagenet"]))
     assert (cfg["data"]["decode"], cfg["derived"]["decode"]) == ("auto", "workers")
     assert cfg["derived"]["decode_why"] == "workers (auto: decoding on the device is for cuda; this is cpu)"

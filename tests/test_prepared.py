@@ -91,7 +91,8 @@ def test_another_preparation_is_other_data_to_a_mid_epoch_resume(source, prepare
     assert prepare_data(source, other, "--quality", "80").returncode == 0
     capsys.readouterr()
     assert train.main([*args, "--data", str(other), "--resume", "auto"]) == 2
-    assert "on other data (train: the same 1441 images, other files or labels; val: the same 361" in capsys.readouterr().err
+    other = "on other data (train: the same 1441 images, other files or labels; val: the same 361"
+    assert other in capsys.readouterr().err
 
 
 def test_a_stopped_preparation_does_not_train_and_continues(source, prepared, tmp_path, capsys):
@@ -172,7 +173,8 @@ def test_a_stop_or_a_dead_worker_is_one_line_and_the_same_command_completes_it(s
     else:  # to the whole job, as a terminal or `timeout` does
         os.killpg(proc.pid, signal.SIGINT if ending == "Ctrl-C" else signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
-    lines = [line for line in stderr.decode().replace("\r", "\n").splitlines() if line.strip() and "train: [" not in line]
+    lines = [line for line in stderr.decode().replace("\r", "\n").splitlines()
+             if line.strip() and "train: [" not in line]
     if ending == "a dead worker":
         assert proc.returncode == 1 and lines == ["error: a worker process of the preparation died (killed, or out "
                                                   "of memory?); the whole shards written before stay: run the same "
@@ -197,8 +199,8 @@ def test_it_ends_every_time_without_a_worker_traceback(source, tmp_path):
 
 def test_a_full_disk_is_one_line_and_no_wait(source, tmp_path):
     from conftest import in_small_tmpfs
-    mount, result = in_small_tmpfs(tmp_path, 1 << 20, "{python} scripts/prepare_data.py {src} {mount}/set; echo exit $?",
-                                   src=source)
+    mount, result = in_small_tmpfs(tmp_path, 1 << 20, "{python} scripts/prepare_data.py {src} {mount}/set; "
+                                                      "echo exit $?", src=source)
     errors = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.startswith("error:")]
     assert "exit 1" in result.stdout and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert errors == [f"error: {mount}/set/train-00000.jpegs: cannot write (No space left on device); the whole "
@@ -242,12 +244,14 @@ def test_a_damaged_set_names_its_file_and_the_command_that_mends_it(source, prep
     name, do, why = DAMAGES[damage]
     do(dst / name)
     capsys.readouterr()
-    assert train.main(["--config", "configs/demo.yaml", *TINY, "--data", str(dst), "--output", str(tmp_path / "run")]) == 2
+    assert train.main(["--config", "configs/demo.yaml", *TINY, "--data", str(dst),
+                       "--output", str(tmp_path / "run")]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     advice = f"python scripts/prepare_data.py {source} {dst}"
-    assert len(error) == 1 and error[0].startswith(f"error: --data {dst}: {dst / name} is damaged (") and error[0].endswith(
-        f"); run {advice} to redo it") and why in error[0], error
-    mended = subprocess.run([sys.executable, *advice.split()[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert len(error) == 1 and error[0].startswith(f"error: --data {dst}: {dst / name} is damaged (")
+    assert error[0].endswith(f"); run {advice} to redo it") and why in error[0], error
+    mended = subprocess.run([sys.executable, *advice.split()[1:]], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
     assert mended.returncode == 0 and "nothing to do" not in mended.stderr, mended.stderr[-2000:]
     ours, whole = (PreparedImages(root, "train", None) for root in (dst, prepared))
     assert ours.samples == whole.samples and all(ours.read(i).data == whole.read(i).data

@@ -16,7 +16,8 @@ from mobilenet.config import build_config, resolve
 from mobilenet.engine import run
 from mobilenet.optim import SETTINGS
 
-BASE = ["--config", "configs/demo.yaml", "device=cpu", "model.width_mult=0.25", "model.resolution=32", "data.batch_size=16", "data.workers=0",
+BASE = ["--config", "configs/demo.yaml", "device=cpu", "model.width_mult=0.25", "model.resolution=32",
+        "data.batch_size=16", "data.workers=0",
         "optim.momentum=0.9", "train.log_every=2", "train.max_steps_per_epoch=4", "--epochs", "1"]
 EMA = ["train.ema_decay=0.5"]  # O2 refuses an EMA
 # ModelZoo's static scale: the first dynamic scale (2**16) overflows every step of so short a run

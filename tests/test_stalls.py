@@ -181,7 +181,8 @@ def test_a_stop_signal_while_one_ranks_worker_is_stuck_stops_every_rank_after_on
     assert [proc.returncode for proc in ranks] == [0, 0], [stderr[-2000:] for _, stderr in outputs]
     line = [entry for entry in outputs[0][0].splitlines() if entry.startswith("SIGTERM: stopped at epoch 0 batch")]
     assert line and "saved" in line[0], outputs[0][0][-2000:]
-    assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch_step"] == int(line[0].split("batch ")[1].split(",")[0])
+    saved = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert saved["epoch_step"] == int(line[0].split("batch ")[1].split(",")[0])
     assert gone(worker)
 
 
@@ -199,10 +200,10 @@ def test_a_stopped_rank_is_named_by_the_others(tmp_path, digits):
             proc.kill()
             proc.wait()
     assert ranks[0].returncode == ranks[2].returncode == 1, lines
-    named = [re.fullmatch(r"error: rank [02] made no progress for \d+ s \(train.stall_timeout 6\) after global step (\d+): "
-                          r"rank 1 has not answered for \d+ s \(stopped or gone\) at global step (\d+) or the one before "
-                          r"\(its last report: global step \d+\); the others wait for it( \(as rank [02] found, which ended "
-                          r"first\))?; the job stops, .*", line) for line in lines]
+    named = [re.fullmatch(r"error: rank [02] made no progress for \d+ s \(train.stall_timeout 6\) after global "
+                          r"step (\d+): rank 1 has not answered for \d+ s \(stopped or gone\) at global step (\d+) "
+                          r"or the one before \(its last report: global step \d+\); the others wait for it( \(as "
+                          r"rank [02] found, which ended first\))?; the job stops, .*", line) for line in lines]
     assert any(named), lines
     for found, line in zip(named, lines):
         assert found or "another process of the job ended" in line, line
@@ -246,7 +247,8 @@ def test_a_second_ctrl_c_ends_a_rank_blocked_in_a_collective(tmp_path, digits):
         ranks[0].send_signal(signal.SIGINT)
         _, stderr = ranks[0].communicate(timeout=60)
         assert ranks[0].returncode == 128 + signal.SIGINT, stderr
-        assert stderr.strip().splitlines()[-1] == "SIGINT: stopped, nothing saved now (checkpoints written before stay valid)"
+        assert stderr.strip().splitlines()[-1] == ("SIGINT: stopped, nothing saved now (checkpoints written before "
+                                                   "stay valid)")
     finally:
         for proc in ranks:
             proc.kill()

@@ -13,7 +13,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mobilenet.data.decode import EncodedImage
-from mobilenet.data.device_decode import Encoded, ScreenedCrop, collate as collate_encoded
 from mobilenet.data.samplers import ResumableSampler, ShardSampler
 from mobilenet.errors import UsageError, stop_signals
 
@@ -62,7 +61,8 @@ class ImageSamples(Dataset):
         self.unreadable = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
         self.lock = multiprocessing.Lock()
         # under data.decode=device the cache keeps the files' bytes: the device decodes them
-        self.cache = self.preload(cache_mb * 2**20, decoded=not isinstance(transform, ScreenedCrop)) if cache_mb else {}
+        decoded = not getattr(transform, "keeps_bytes", False)  # device decode's crops take the bytes
+        self.cache = self.preload(cache_mb * 2**20, decoded=decoded) if cache_mb else {}
 
     def read(self, index):
         """The EncodedImage of sample ``index``, read now (an OSError or a decoder's error: unreadable)."""
@@ -103,8 +103,8 @@ class ImageSamples(Dataset):
         except Exception as e:  # decoders raise many types for bad data; each is this image's problem
             self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
             return None
-        if isinstance(image, Encoded):  # still encoded (data.decode=device): it carries its index
-            image = image._replace(index=index)
+        if hasattr(image, "with_index"):  # still encoded (data.decode=device): it carries its index
+            image = image.with_index(index)
         return image, label
 
 
@@ -341,8 +341,10 @@ def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=Fa
     whose protection the workers follow; ``decode``: derived.decode (device: batches of encoded
     JPEGs and the images decoded in the workers, mobilenet.data.device_decode)."""
     common = {"num_workers": workers, "pin_memory": pin_memory, "persistent_workers": workers > 0,
-              "worker_init_fn": worker_signals.worker_init if worker_signals else None,
-              "collate_fn": collate_encoded if decode == "device" else None}
+              "worker_init_fn": worker_signals.worker_init if worker_signals else None}
+    if decode == "device":  # imported only then
+        from mobilenet.data.device_decode import collate
+        common["collate_fn"] = collate
     sampler = ResumableSampler(len(train_set), rank, world, seed)
     # generators of their own: an iteration's start draws from them, not from torch's global one,
     # which the model's own randomness (dropout) uses and checkpoints restore

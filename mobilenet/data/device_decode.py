@@ -55,10 +55,15 @@ class Encoded(NamedTuple):
     flip: bool
     index: int = -1
 
+    def with_index(self, index):
+        return self._replace(index=index)
+
 
 class ScreenedCrop:
     """The worker's side of data.decode=device around a TrainCrop or ValCrop: an Encoded for a
     baseline YCbCr or grayscale JPEG, the crop's own uint8 output (decoded here) for anything else."""
+
+    keeps_bytes = True  # a cached image keeps its file's bytes (data.cache_mb), not its pixels
 
     def __init__(self, crop, train):
         self.crop, self.train = crop, train
@@ -176,19 +181,8 @@ PROBE_IMAGES = 16  # baseline JPEGs of ImageNet's common size, for data.decode a
 SAME_PIXELS = (1, 0.2)
 
 
-def choose_decode(setting, device_type, *, workers, card=0, probe=True):
-    """('workers' or 'device', why) for data.decode ``setting``. auto: device on cuda when a probe
-    decodes PROBE_IMAGES baseline 500x375 JPEGs on the process's card to the workers' pixels
-    (within SAME_PIXELS) and faster than its loader's ``workers`` decode them on the host (one
-    core each), else workers: on cpu and npu always (the npu has no batched decode here).
-    ``probe=False`` (the launcher's own check): no probe, no card touched; the training processes
-    decide."""
-    if setting != "auto":
-        return setting, f"{setting} (data.decode={setting})"
-    if device_type != "cuda":
-        return "workers", f"workers (auto: decoding on the device is for cuda; this is {device_type})"
-    if not probe:
-        return "workers", "workers (auto: decided by each training process's probe)"
+def probe_choice(card, workers):
+    """data.decode auto's choice on cuda card ``card``, from a probe (see decode_choice)."""
     return decode_choice(*probe_decode(torch.device("cuda", card)), workers=workers, where=f"cuda:{card}")
 
 

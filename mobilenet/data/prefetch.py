@@ -5,7 +5,6 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from mobilenet.data.crops import ValCrop
-from mobilenet.data.device_decode import DeviceDecoder, EncodedBatch
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -29,6 +28,7 @@ class DevicePrefetcher:
         self.loader, self.device = loader, device
         self.decoder = None  # data.decode=device: the loader's batches are EncodedBatches
         if decode_on_device:
+            from mobilenet.data.device_decode import DeviceDecoder  # imported only then
             crop = loader.dataset.transform.crop  # a ScreenedCrop's TrainCrop or ValCrop
             self.decoder = DeviceDecoder(loader.dataset, device, crop.size, crop if isinstance(crop, ValCrop) else None)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -46,7 +46,7 @@ class DevicePrefetcher:
     def _to_device(self, batch):
         """Two passes on the device: the uint8 batch into the layout, then one fp32 multiply-add
         written in the step's dtype (the same values as float, subtract, divide and cast)."""
-        if isinstance(batch, EncodedBatch):  # decoded and cropped on the device
+        if self.decoder is not None:  # an EncodedBatch: decoded and cropped on the device
             images, labels = self.decoder(batch)
         else:
             images, labels = batch

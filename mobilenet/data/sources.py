@@ -14,7 +14,6 @@ from mobilenet.data import prepared
 from mobilenet.data.datasets import EncodedImage, SyntheticImages, checked, image_folder, read_regular_file
 from mobilenet.data.crops import train_transform, val_transform
 from mobilenet.data.demo import DIGITS_ROOT, TRAIN_IMAGES as DIGITS_TRAIN_IMAGES, build_digits
-from mobilenet.data.device_decode import ScreenedCrop
 from mobilenet.errors import UsageError
 from mobilenet.host import usable_cores
 
@@ -125,6 +124,7 @@ def build_datasets(data, model, decode="workers"):
     crops = (train_transform(model["resolution"], data["min_scale"], data["hflip"]),
              val_transform(model["resolution"], data["val_resize_ratio"]))
     if decode == "device":
+        from mobilenet.data.device_decode import ScreenedCrop  # imported only then
         crops = (ScreenedCrop(crops[0], train=True), ScreenedCrop(crops[1], train=False))
     return source_of(data["path"]).datasets(data["path"], data, model, crops)
 

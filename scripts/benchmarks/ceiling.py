@@ -212,6 +212,19 @@ def main(argv=None):
           f"{cfg['model']['resolution']} px, channels_last {cfg['derived']['channels_last']}, "
           f"data.workers {cfg['derived']['workers']}; {interval_note(args.steps, args.log_every)}; "
           f"{rounds.describe()}")
+    rows, table = results(cases, variants, rounds, first_call_s)
+    print(markdown_table(["case", "app img/s", "plain loader img/s", "plain static img/s",
+                          "app / plain loader", "app / plain static"], table))
+    print("first calls, s (compiling, capture and warm-up, then the measured steps): " + "; ".join(
+        f"{name.replace('|', ' ')} {seconds:.1f}" for name, seconds in first_call_s.items()))
+    write_json(args.json, {"device": describe(device), "cpu": cpu_model(), "steps": args.steps,
+                           "log_every": args.log_every, "overrides": overrides, "rows": rows, **rounds.to_json()})
+    return rows
+
+
+def results(cases, variants, rounds, first_call_s):
+    """(a row per case for the json, a row per case for the table): each variant's median and
+    spread, the app against each plain loop."""
     rows, table = [], []
     for case in cases:
         name = case_name(case)
@@ -228,13 +241,7 @@ def main(argv=None):
                 cells.append("-")
         rows.append(row)
         table.append([name, *cells])
-    print(markdown_table(["case", "app img/s", "plain loader img/s", "plain static img/s",
-                          "app / plain loader", "app / plain static"], table))
-    print("first calls, s (compiling, capture and warm-up, then the measured steps): " + "; ".join(
-        f"{name.replace('|', ' ')} {seconds:.1f}" for name, seconds in first_call_s.items()))
-    write_json(args.json, {"device": describe(device), "cpu": cpu_model(), "steps": args.steps,
-                           "log_every": args.log_every, "overrides": overrides, "rows": rows, **rounds.to_json()})
-    return rows
+    return rows, table
 
 
 if __name__ == "__main__":

@@ -130,7 +130,8 @@ def feed_rate(dataset, batch, workers):
 
 
 def main(argv=None):
-    from benchmarks.harness import benchmark_parser
+    from benchmarks.harness import benchmark_parser, write_json
+    from mobilenet.host import cpu_model, usable_cores
     p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--data", help="an ImageFolder root with train/ and val/ (default: written photos)")
     p.add_argument("--images", type=int, default=768, help="photos to write (without --data)")
@@ -139,73 +140,91 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=8, help="training steps measured (after a warm-up interval)")
     p.add_argument("--max-sides", type=int, nargs="*", default=[], help="also the cost of sets prepared at these")
     args, overrides = p.parse_known_args(argv)
-    import torch
-
-    from benchmarks.harness import interleave, markdown_table, training_rate, write_json
-    from mobilenet.host import usable_cores
-    from mobilenet.data.sources import auto_workers
-    from mobilenet.host import cpu_model
-    cores, threads = usable_cores(), torch.get_num_threads()
+    cores = usable_cores()
     with tempfile.TemporaryDirectory() as tmp:
         roots = sources(args, tmp)
         sets = {name: train_set(root, args.resolution) for name, root in roots.items()}
-        torch.set_num_threads(1)  # one core's work, as in one loader worker
-        try:
-            costs = interleave({name: stage_costs(dataset, args.resolution, args.batch_size)
-                                for name, dataset in sets.items()}, args.rounds)
-        finally:
-            torch.set_num_threads(threads)
-        main_sources = {name: root for name, root in roots.items() if name in ("folder", "prepared")}
-        counts = {name: {"0": 0, "1": 1, f"{cores} (every usable core)": cores,
-                         f"{auto_workers(dict(path=str(root), cache_mb=0), 1)} (auto)":
-                             auto_workers(dict(path=str(root), cache_mb=0), 1)}
-                  for name, root in main_sources.items()}
-        feed = interleave({f"{name}|{label}": feed_rate(sets[name], args.batch_size, workers)
-                           for name in main_sources for label, workers in counts[name].items()}, args.rounds)
-        recipe = ROOT / "configs" / "imagenet.yaml"
-        classes = len(classes_of(roots["folder"]))
-        common = [f"model.resolution={args.resolution}", f"model.num_classes={classes}",
-                  f"data.batch_size={args.batch_size}", *overrides]
-        runs = {"synthetic": lambda: training_rate(recipe, [*common, "data.path=synthetic"], args.steps * 2, args.steps)}
-        for name, root in main_sources.items():
-            for decode in ("workers", "device"):
-                runs[f"{name}, decode {decode}"] = (lambda path=root, decode=decode: training_rate(
-                    recipe, [*common, f"data.path={path}", f"data.decode={decode}"], args.steps * 2, args.steps))
-        training = interleave(runs, args.rounds)
         mix = (Path(roots["folder"]) / "MIX.json").read_text() if not args.data else args.data
-        sizes = {name: stored_kb(root) for name, root in roots.items()}
-    print(f"{cpu_model()}; {cores} usable cores; {len(sets['folder'])} photos: {' '.join(mix.split())}")
-    report = {"cores": cores, "photos": mix, "cost": {}, "feed": {}, "training": {}}
+        print(f"{cpu_model()}; {cores} usable cores; {len(sets['folder'])} photos: {' '.join(mix.split())}", flush=True)
+        report = {"cores": cores, "photos": mix}
+        main_sources = {name: root for name, root in roots.items() if name in ("folder", "prepared")}
+        # each table printed as soon as it is measured: a part cut at its time limit keeps the ones before
+        report.update(cost_table(args, sets, roots))
+        report["feed"] = feed_table(args, sets, main_sources, cores)
+        report["training"] = training_table(args, roots, main_sources, overrides)
+    write_json(args.json, report)
+    return report
+
+
+def cost_table(args, sets, roots):
+    """One core's cost per image by stage, per source, measured and printed."""
+    import torch
+
+    from benchmarks.harness import interleave, markdown_table
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core's work, as in one loader worker
+    try:
+        costs = interleave({name: stage_costs(dataset, args.resolution, args.batch_size)
+                            for name, dataset in sets.items()}, args.rounds)
+    finally:
+        torch.set_num_threads(threads)
     stages = list(costs.values[0]["folder"])
-    for name in sets:
-        report["cost"][name] = {stage: costs.median(name, stage) for stage in stages}
-    report["cost_ratio"] = {name: sum(report["cost"]["folder"].values()) / sum(cost.values())
-                            for name, cost in report["cost"].items() if name != "folder"}
+    cost = {name: {stage: costs.median(name, stage) for stage in stages} for name in sets}
+    ratios = {name: sum(cost["folder"].values()) / sum(each.values())
+              for name, each in cost.items() if name != "folder"}
+    sizes = {name: stored_kb(root) for name, root in roots.items()}
     print(f"\ncost, one core, {args.resolution} px ({costs.describe()}):")
-    report["kb_per_image"] = sizes
     print(markdown_table(["source", *(f"{stage} ms" for stage in stages), "total ms", "KB per image"],
-                         [[name, *(f"{cost[s]:.3f}" for s in stages), f"{sum(cost.values()):.3f}", f"{sizes[name]:.0f}"]
-                          for name, cost in report["cost"].items()]))
-    for name, ratio in report["cost_ratio"].items():
-        print(f"a core feeds {ratio:.2f}x as many images from the {name} set as from the folder")
+                         [[name, *(f"{each[s]:.3f}" for s in stages), f"{sum(each.values()):.3f}", f"{sizes[name]:.0f}"]
+                          for name, each in cost.items()]))
+    for name, ratio in ratios.items():
+        print(f"a core feeds {ratio:.2f}x as many images from the {name} set as from the folder", flush=True)
+    return {"cost": cost, "cost_ratio": ratios, "kb_per_image": sizes}
+
+
+def feed_table(args, sets, main_sources, cores):
+    """The loader alone by worker count, per source, measured and printed."""
+    from benchmarks.harness import interleave, markdown_table
+    from mobilenet.data.sources import auto_workers
+    counts = {name: {"0": 0, "1": 1, f"{cores} (every usable core)": cores,
+                     f"{auto_workers(dict(path=str(root), cache_mb=0), 1)} (auto)":
+                         auto_workers(dict(path=str(root), cache_mb=0), 1)}
+              for name, root in main_sources.items()}
+    feed = interleave({f"{name}|{label}": feed_rate(sets[name], args.batch_size, workers)
+                       for name in main_sources for label, workers in counts[name].items()}, args.rounds)
+    report = {f"{name}|{label}": {"img_per_s": feed.median(f"{name}|{label}"), "spread": feed.spread(f"{name}|{label}")}
+              for name in main_sources for label in counts[name]}
     print(f"\nfeed alone, batch {args.batch_size} ({feed.describe()}):")
-    for name in main_sources:
-        for label in counts[name]:
-            report["feed"][f"{name}|{label}"] = {"img_per_s": feed.median(f"{name}|{label}"),
-                                                  "spread": feed.spread(f"{name}|{label}")}
     print(markdown_table(["source", "loader workers", "img/s (median, min-max)"],
-                         [[*key.split("|"), feed.cell(key, digits=0)] for key in report["feed"]]))
-    print(f"\ntraining, {' '.join(common)} ({training.describe()}):")
+                         [[*key.split("|"), feed.cell(key, digits=0)] for key in report]), flush=True)
+    return report
+
+
+def training_table(args, roots, main_sources, overrides):
+    """Training from each source and decode against synthetic images, measured and printed."""
+    from benchmarks.harness import interleave, markdown_table, training_rate
+    recipe = ROOT / "configs" / "imagenet.yaml"
+    common = [f"model.resolution={args.resolution}", f"model.num_classes={len(classes_of(roots['folder']))}",
+              f"data.batch_size={args.batch_size}", *overrides]
+    runs = {"synthetic": lambda: training_rate(recipe, [*common, "data.path=synthetic"], args.steps * 2,
+                                               args.steps)}
+    for name, root in main_sources.items():
+        for decode in ("workers", "device"):
+            runs[f"{name}, decode {decode}"] = (lambda path=root, decode=decode: training_rate(
+                recipe, [*common, f"data.path={path}", f"data.decode={decode}"], args.steps * 2, args.steps))
+    training = interleave(runs, args.rounds)
+    report = {}
     for name in runs:
         ratios = [training.values[i][name]["img_per_s"] / training.values[i]["synthetic"]["img_per_s"]
                   for i in training.kept]
-        report["training"][name] = {"img_per_s": training.median(name, "img_per_s"),
-                                    "data_wait": training.median(name, "data_wait"),
-                                    "vs_synthetic": statistics.median(ratios), "spread": (min(ratios), max(ratios))}
+        report[name] = {"img_per_s": training.median(name, "img_per_s"),
+                        "data_wait": training.median(name, "data_wait"),
+                        "vs_synthetic": statistics.median(ratios), "spread": (min(ratios), max(ratios))}
+    print(f"\ntraining, {' '.join(common)} ({training.describe()}):")
     print(markdown_table(["data", "img/s (median)", "vs synthetic (median, min-max)", "data wait (median)"],
                          [[name, f"{r['img_per_s']:.1f}", f"{r['vs_synthetic']:.2f}x ({r['spread'][0]:.2f}-"
-                           f"{r['spread'][1]:.2f})", f"{r['data_wait']:.0%}"] for name, r in report["training"].items()]))
-    write_json(args.json, report)
+                           f"{r['spread'][1]:.2f})", f"{r['data_wait']:.0%}"] for name, r in report.items()]),
+          flush=True)
     return report
 
 

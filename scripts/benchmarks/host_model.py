@@ -58,7 +58,7 @@ def step_timer(cfg, device, batch, steps=3):
     return ms
 
 
-def main(argv=None):
+def parser():
     from benchmarks.harness import benchmark_parser
     from mobilenet.device import DEVICES
     p = benchmark_parser(__doc__, rounds=3)
@@ -67,7 +67,11 @@ def main(argv=None):
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--amp", default="O0", choices=AMP_LEVELS)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     from benchmarks.harness import interleave, markdown_table, op_budget, write_json
     from mobilenet.measure import PHASES
     from mobilenet.config import build_config, resolve
@@ -114,7 +118,16 @@ def main(argv=None):
                            f"{r['predicted_ratio_fitted']:.3f}x", rounds.ratio_cell(f"loop b{r['batch']}",
                                                                                 f"torch_fused b{r['batch']}")]
                           for r in rows]))
-    # the seed article: standard host-bound at 1200 img/s with batch 256 fixes c; fused at 1800
+    c_article, ceiling = article_reading(counts)
+    write_json(args.json, {"device": str(device), "launch_us": c, "launch_us_fitted": c_fit, "launches": counts,
+                           "ms_per_image": k, "rows": rows, "article_launch_us": c_article,
+                           "host_bound_ceiling": ceiling, **rounds.to_json()})
+    return rows
+
+
+def article_reading(counts):
+    """The seed article (standard host-bound at 1200 img/s with batch 256 fixes c; fused at 1800)
+    read with these launch counts, printed; returns (its launch cost in us, the host-bound ceiling)."""
     n_std, n_fused, batch = counts["loop"], counts["torch_fused"], ARTICLE["batch"]
     c_article = batch / ARTICLE["standard"] / n_std * 1e6
     ceiling = n_std / n_fused
@@ -124,10 +137,7 @@ def main(argv=None):
           f"({batch / (n_fused * c_article / 1e6):.0f} img/s if still host-bound: a {ceiling:.2f}x ceiling), "
           f"so 1.5x means the device computes at most {ARTICLE['fused']:.0f} img/s "
           f"({1e6 / ARTICLE['fused']:.0f} us an image) and the fused step is device-bound there.")
-    write_json(args.json, {"device": str(device), "launch_us": c, "launch_us_fitted": c_fit, "launches": counts,
-                           "ms_per_image": k, "rows": rows, "article_launch_us": c_article,
-                           "host_bound_ceiling": ceiling, **rounds.to_json()})
-    return rows
+    return c_article, ceiling
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ def main(argv=None):
     print(f"aten ops per training step, MobileNetV1 x{args.width} at {args.resolution}px, "
           f"amp dtype {args.dtype}" + (f", EMA {args.ema_decay}" if args.ema_decay else ""))
     print(markdown_table(["implementation", "amp", *PHASES, "total"],
-                         [[row["implementation"], row["amp"], *(row[p] for p in PHASES), row["total"]] for row in rows]))
+                         [[row["implementation"], row["amp"], *(row[p] for p in PHASES), row["total"]]
+                          for row in rows]))
     write_json(args.json, {"width": args.width, "resolution": args.resolution, "dtype": args.dtype,
                            "phases": PHASES, "rows": rows})
     return rows
