@@ -15,8 +15,8 @@ import yaml
 from mobilenet.amp import LEVELS
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
-from mobilenet.model import MODELS, relative_cost
-from mobilenet.optim import ALGORITHMS
+from mobilenet.model import MODELS, OPTIONAL as MODEL_OPTIONAL, last_side, model_row, relative_cost
+from mobilenet.optim import ALGORITHMS, algorithm_settings
 
 DEFAULTS = {
     "seed": 0,
@@ -25,7 +25,8 @@ DEFAULTS = {
     "device_id": None,             # the card of a single process (ModelZoo's --device_id); None: each
                                    # process takes its local rank's card
     "model": {
-        "name": "mobilenet_v1",    # mobilenet_v1 | the others of model.MODELS (torchvision's)
+        "name": "mobilenet_v1",    # mobilenet_v1 | the others of model.MODELS | any classification
+                                   # model of torchvision's by name (torchvision.models.list_models)
         "width_mult": 1.0,         # channel width multiplier (models without one: noted, ignored)
         "num_classes": 1000,
         "resolution": 224,
@@ -55,20 +56,18 @@ DEFAULTS = {
                                    # start-up probe decodes the workers' pixels, and faster there
     },
     "optim": {
-        "name": "sgd",             # sgd | adam | adamw | rmsprop
+        "name": "sgd",             # sgd | adam | adamw | rmsprop (optim.ALGORITHMS)
         "impl": "standard",        # standard | fused
         "lr": 0.1,                 # for the global batch; see lr_scale_batch
         "lr_scale_batch": 0,       # >0: lr is per this many images and scales with the global batch
-        "momentum": 0.9,
-        "nesterov": False,
         "weight_decay": 1.0e-4,
         "no_decay_bn_bias": False, # exclude BatchNorm and bias parameters from weight decay
-        "betas": [0.9, 0.999],     # adam, adamw
-        "eps": 1.0e-8,             # adam, adamw, rmsprop
-        "alpha": 0.99,             # rmsprop smoothing
         "foreach": "auto",         # standard only: auto = torch's own choice for the device (the
                                    # per-parameter loop on cpu and Ascend 910A, multi-tensor foreach
                                    # on cuda and Ascend A2/A3); true | false force it
+        # and each algorithm's own settings, from its row of optim.ALGORITHMS (default and range):
+        # momentum, nesterov (sgd); betas, eps (adam, adamw); momentum, alpha, eps (rmsprop)
+        **{name: setting.default for name, setting in algorithm_settings().items()},
     },
     "schedule": {
         "name": "step",            # step | cosine
@@ -113,7 +112,6 @@ DEFAULTS = {
 
 CHOICES = {
     "device": set(DEVICES),
-    "model.name": MODELS.keys(),
     "optim.name": ALGORITHMS.keys(),  # live: an entry added to the table is a choice
     "optim.impl": {"standard", "fused"},
     "schedule.name": {"step", "cosine"},
@@ -135,9 +133,8 @@ RANGES = {
     "data.batch_size": "[1, inf)", "data.val_batch_size": "[1, inf)", "data.workers": "[0, inf)",
     "data.min_scale": "(0, 1]", "data.val_resize_ratio": "[0.1, 1]", "data.synthetic_size": "[1, inf)",
     "data.cache_mb": "[0, inf)",
-    "optim.lr": "(0, inf)", "optim.lr_scale_batch": "[0, inf)", "optim.momentum": "[0, 1)",
-    "optim.weight_decay": "[0, inf)", "optim.betas": "[0, 1)", "optim.eps": "(0, inf)",
-    "optim.alpha": "[0, 1)",
+    "optim.lr": "(0, inf)", "optim.lr_scale_batch": "[0, inf)", "optim.weight_decay": "[0, inf)",
+    **{f"optim.{name}": setting.interval for name, setting in algorithm_settings().items() if setting.interval},
     "schedule.step_epochs": "[1, inf)", "schedule.gamma": "(0, 1]", "schedule.warmup_epochs": "[0, inf)",
     "schedule.warmup_start_factor": "(0, 1]", "schedule.min_lr": "[0, inf)",
     "train.epochs": "[1, inf)", "train.label_smoothing": "[0, 1)", "train.ema_decay": "[0, 1)",
@@ -259,6 +256,9 @@ def coerce(dotted, default, value, origin):
         raise bad("a string")
     if dotted in CHOICES and value not in CHOICES[dotted]:
         raise bad("one of " + "|".join(sorted(CHOICES[dotted])))
+    if dotted == "model.name" and model_row(value) is None:
+        raise bad(f"one of {'|'.join(MODELS)} (model.MODELS) or a classification model of torchvision's "
+                  f"(torchvision.models.list_models(module=torchvision.models))")
     if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])):
         raise bad("a finite number")
     interval = RANGES.get(dotted) if value != "auto" else None
@@ -349,7 +349,8 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the implementation that runs:
     loop|foreach|torch_fused|npu_fused|apex_npu_fused) and optimizer_class (what it is, for the log and
     summary), amp_backend (none|native|apex), workers (data.workers, auto resolved), decode and
-    decode_why (workers|device), compile (torch.compile's backend and mode, or None) and compile_why.
+    decode_why (workers|device), compile (torch.compile's backend and mode, or None) and compile_why,
+    not_taken (the settings the chosen rows of the three tables do not take: settings_not_taken).
     ``output`` defaults to
     runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
     what the flags of other scripts' dialects became (mobilenet.cli), kept for the log. ``probe``:
@@ -386,11 +387,31 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     derived["optimizer_class"] = describe_optimizer(optim["name"], derived["optimizer_implementation"], optim["impl"])
     derived["decode"], derived["decode_why"] = choose_decode(data["decode"], device, workers=derived["workers"],
                                                              card=cfg["device_id"] or world.local_rank, probe=probe)
+    derived["not_taken"] = settings_not_taken(cfg)
     check_combinations(cfg, derived)
     resolved = copy.deepcopy(cfg)
     resolved["output"] = cfg["output"] or f"runs/{name}-{optim['impl']}"
     resolved["derived"] = derived
     return freeze(resolved)
+
+
+def settings_not_taken(cfg):
+    """A line for each setting the chosen algorithm, model or data source does not take (its row
+    says what it takes) and that was given another value than its default: ignored, and said, the
+    same way for the three tables."""
+    from mobilenet.data.sources import DATA_OPTIONAL, SOURCES, source_of
+    source = source_of(cfg["data"]["path"]) if cfg["data"]["path"] is not None else SOURCES["folder"]
+    rows = [("optim", cfg["optim"]["name"], ALGORITHMS[cfg["optim"]["name"]].hyperparameters, algorithm_settings()),
+            ("model", cfg["model"]["name"], model_row(cfg["model"]["name"]).takes, MODEL_OPTIONAL),
+            ("data", next(name for name, row in SOURCES.items() if row is source), source.takes, DATA_OPTIONAL)]
+    lines = []
+    for section, row, takes, optional in rows:
+        named = ", ".join(f"{section}.{key}" for key in (sorted(takes) or optional))
+        for key in optional:
+            if key not in takes and cfg[section][key] != DEFAULTS[section][key]:
+                lines.append(f"{section}.{key}={cfg[section][key]}: {row} does not take it (it takes "
+                             f"{named if takes else 'none of ' + named}); ignored")
+    return lines
 
 
 def choose_decode(setting, device_type, *, workers, card=0, probe=True):
@@ -453,8 +474,8 @@ def eager_only(cfg, derived):
 
 def check_combinations(cfg, derived):
     """Settings that are valid alone but not together."""
-    side = MODELS[cfg["model"]["name"]].last_side(cfg["model"]["resolution"])
-    if cfg["data"]["batch_size"] * side * side == 1 and not cfg["train"]["freeze_bn"]:
+    side = last_side(cfg["model"]["name"], cfg["model"]["resolution"])
+    if side is not None and cfg["data"]["batch_size"] * side * side == 1 and not cfg["train"]["freeze_bn"]:
         raise UsageError(f"data.batch_size=1 at model.resolution={cfg['model']['resolution']}: the last "
                          f"BatchNorm would normalise one value per channel (a {side}x{side} map); use a "
                          f"batch of 2 or more, a resolution above 32, or train.freeze_bn=true")

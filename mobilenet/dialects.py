@@ -65,7 +65,8 @@ def add_dialect_flags(p):
     g.add_argument("--dummy", action="store_true", default=None, help="synthetic data (--data synthetic)")
     g.add_argument("--no-accel", action="store_true", default=None, help="train on the cpu (--device cpu)")
     g.add_argument("-a", "--arch", metavar="ARCH",
-                   help=f"model.name: {', '.join(MODELS)} (mobilenet, ModelZoo's name, is mobilenet_v1)")
+                   help=f"model.name: {', '.join(MODELS)} or a classification model of torchvision's "
+                        f"(mobilenet, ModelZoo's name, is mobilenet_v1)")
     g.add_argument("--pretrained", action="store_true", default=None,
                    help="refused: main.py downloads torchvision weights; here pass model.pretrained=FILE")
     g.add_argument("--apex", action="store_true", default=None,
@@ -153,7 +154,8 @@ def dialect_settings(args, processes):
     if args.arch is not None:
         name = model_name(args.arch)
         if name is None:
-            raise UsageError(f"-a/--arch {args.arch}: this app trains {', '.join(MODELS)} (mobilenet is "
+            raise UsageError(f"-a/--arch {args.arch}: this app trains {', '.join(MODELS)} and torchvision's "
+                             f"classification models (mobilenet is "
                              f"mobilenet_v1, ModelZoo's); width and resolution are model.width_mult and "
                              f"model.resolution")
         add(f"-a/--arch {args.arch}", {"model.name": name})

@@ -38,7 +38,8 @@ def progress_line(*, epoch, step, steps, eta_epoch, eta_run, img_per_s, data_wai
 
 def run_description(cfg, *, device, images, steps):
     """The lines that open a run's log: the device and precision, the data and batch, the loader
-    and compile choices, the command line's notes. ``images``: (train, val)."""
+    and compile choices, the command line's notes, the settings the run does not take. ``images``:
+    (train, val)."""
     derived, data, optim = cfg["derived"], cfg["data"], cfg["optim"]
     optimizer = derived["optimizer_class"]
     scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
@@ -50,7 +51,8 @@ def run_description(cfg, *, device, images, steps):
             f"lr {derived['lr']:g}{scaled}",
             f"data.workers {derived['workers']}{auto}; data.decode {derived['decode_why']}; "
             f"train.compile {derived['compile_why']}",
-            *(f"command line: {note}" for note in derived["command_line"])]
+            *(f"command line: {note}" for note in derived["command_line"]),
+            *(f"note: {note}" for note in derived["not_taken"])]
 
 
 def trim_records_after(path, global_step):

@@ -82,50 +82,97 @@ def halvings(resolution, times):
 def torchvision_model(name, width_mult, num_classes):
     """torchvision's ``name`` with random weights; ``width_mult`` where the model takes one."""
     import torchvision
-    width = {"width_mult": width_mult} if MODELS[name].has_width else {}
+    width = {"width_mult": width_mult} if "width_mult" in model_row(name).takes else {}
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **width)
 
 
 @dataclass(frozen=True)
 class Model:
-    """A model the app trains: its builder ``build(width_mult, num_classes)``, whether it takes
-    model.width_mult, the side of its last feature map at a resolution (what its last BatchNorm
-    normalises per image), its other names for -a/--arch, and ``weights(state)``: a checkpoint's
-    weights renamed to its own keys (a foreign layout; DataParallel's 'module.' prefix goes first)."""
+    """A model the app trains: its builder ``build(width_mult, num_classes)``; ``takes``: the
+    model.* settings it takes beyond name, num_classes and resolution (model.width_mult; what it
+    does not take is said and ignored); ``last_side(resolution)``: the side of the smallest map a
+    BatchNorm of it normalises per image (None: one forward pass counts it); its other names for
+    -a/--arch; ``weights(state)``: a checkpoint's weights renamed to its own keys (a foreign layout;
+    DataParallel's 'module.' prefix goes first)."""
     build: Callable
-    has_width: bool
-    last_side: Callable
+    takes: tuple = ()
+    last_side: Callable = None
     aliases: tuple = ()
     weights: Callable = lambda state: state
 
 
 # The one table of models: model.name, -a/--arch, the checkpoints' "arch" and the benchmarks read it.
+# A classification model of torchvision's that it does not hold is built by name too (model_row).
 MODELS = {
-    "mobilenet_v1": Model(lambda width, classes: MobileNetV1(width, classes), True, final_feature_size,
+    "mobilenet_v1": Model(lambda width, classes: MobileNetV1(width, classes), ("width_mult",), final_feature_size,
                           aliases=("mobilenet", "mobilenetv1")),  # ModelZoo's own keys and arch name
-    "mobilenet_v2": Model(functools.partial(torchvision_model, "mobilenet_v2"), True, lambda r: halvings(r, 5)),
-    "resnet18": Model(functools.partial(torchvision_model, "resnet18"), False, lambda r: halvings(r, 5)),
+    "mobilenet_v2": Model(functools.partial(torchvision_model, "mobilenet_v2"), ("width_mult",),
+                          lambda r: halvings(r, 5)),
+    "resnet18": Model(functools.partial(torchvision_model, "resnet18"), (), lambda r: halvings(r, 5)),
 }
+OPTIONAL = ("width_mult",)  # the model.* settings a row may take or not
+
+
+def model_row(name):
+    """The table's row of model ``name``, or one made for a classification model of torchvision's
+    (torchvision.models.list_models(module=torchvision.models)) that the table does not hold: its
+    builder is get_model(name, weights=None, num_classes=...), its BatchNorm sides are counted from
+    a forward pass; None for a name in neither."""
+    return MODELS.get(name) or torchvision_row(name)
+
+
+@functools.cache
+def torchvision_row(name):
+    import torchvision
+    if name not in torchvision.models.list_models(module=torchvision.models):
+        return None
+    return Model(functools.partial(torchvision_model, name))
 
 
 def model_name(arch):
-    """The MODELS key for a name or alias (case as typed: ModelZoo's 'MobileNet' too), or None."""
+    """The model.name of a name or alias (case as typed: ModelZoo's 'MobileNet' too), or None."""
     arch = str(arch).lower()
-    return next((name for name, model in MODELS.items() if arch == name or arch in model.aliases), None)
+    found = next((name for name, model in MODELS.items() if arch == name or arch in model.aliases), None)
+    return found or (arch if model_row(arch) else None)
 
 
 def build_model(model_cfg):
     """The network of a ``model`` config section."""
-    spec = MODELS[model_cfg["name"]]
-    return spec.build(model_cfg["width_mult"], model_cfg["num_classes"])
+    return model_row(model_cfg["name"]).build(model_cfg["width_mult"], model_cfg["num_classes"])
+
+
+def last_side(name, resolution):
+    """The side of the smallest map a BatchNorm of model ``name`` normalises per image at
+    ``resolution`` (None: it has no BatchNorm)."""
+    row = model_row(name)
+    return row.last_side(resolution) if row.last_side else smallest_normalised_side(name, resolution)
+
+
+@functools.cache
+def smallest_normalised_side(name, resolution):
+    """last_side from one forward pass of a built model (a row that does not say it)."""
+    sides = []
+    net = build_model({"name": name, "width_mult": 1.0, "num_classes": 10}).eval()
+    hooks = [m.register_forward_hook(lambda module, inputs, output: sides.append(min(output.shape[2:], default=1)))
+             for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.num_features]
+    try:
+        with torch.no_grad():
+            net(torch.zeros(1, 3, resolution, resolution))
+    except RuntimeError as e:
+        raise UsageError(f"model.resolution={resolution}: too small for {name} "
+                         f"({str(e).splitlines()[0][:120]})") from None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return min(sides) if sides else None
 
 
 @functools.cache
 def multiply_adds(name, width_mult, resolution, num_classes=1000):
     """Multiply-adds of one forward pass of model ``name`` (counted once per shape): how expensive it
     is, for whatever asks (train.compile auto, the bf16 advice)."""
-    spec = MODELS[name]
-    return count_multiply_adds(spec.build(width_mult if spec.has_width else 1.0, num_classes), resolution)
+    row = model_row(name)
+    return count_multiply_adds(row.build(width_mult if "width_mult" in row.takes else 1.0, num_classes), resolution)
 
 
 def relative_cost(model_cfg):
@@ -161,7 +208,7 @@ def load_weights(model, checkpoint, path="checkpoint", name="mobilenet_v1"):
     """Loads weights strictly into ``model`` (of MODELS ``name``); another model's checkpoint, a
     shape or a key mismatch is a UsageError naming ``path``."""
     check_same_model(checkpoint, name, path)
-    state = MODELS[name].weights(unwrap_state_dict(checkpoint))
+    state = model_row(name).weights(unwrap_state_dict(checkpoint))
     own = model.state_dict()
     missing = sorted(own.keys() - state.keys())
     unexpected = sorted(state.keys() - own.keys())

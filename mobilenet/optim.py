@@ -24,20 +24,45 @@ from mobilenet.device import import_torch_npu
 
 
 @dataclass(frozen=True)
+class Setting:
+    """An algorithm's own setting (optim.<name>): its default, and the interval every number of it
+    must lie in, written as config.RANGES writes them ('[0, 1)'; None: any value of its type)."""
+    default: object
+    interval: str = None
+
+
+@dataclass(frozen=True)
 class Algorithm:
     torch_class: type        # any torch.optim.Optimizer: a class outside torch too
-    hyperparameters: tuple   # optim.* settings it takes besides lr and weight_decay
+    hyperparameters: dict    # {name: Setting}: the optim.* settings it takes besides lr and weight_decay
     kernels: tuple = ("foreach", "fused")  # the implementation flags its class takes
     npu_fused: str = None    # its class in torch_npu.optim and in apex.optimizers, where there is one
 
 
-# The one table of algorithms (optim.name); adding one is an entry here.
+MOMENTUM, EPS = Setting(0.9, "[0, 1)"), Setting(1.0e-8, "(0, inf)")
+BETAS = Setting([0.9, 0.999], "[0, 1)")  # adam's two running-average factors
+
+# The one table of algorithms (optim.name); adding one, with its own settings, is an entry here:
+# config's schema, its checks and config.yaml take the settings from the rows.
 ALGORITHMS = {
-    "sgd": Algorithm(torch.optim.SGD, ("momentum", "nesterov"), npu_fused="NpuFusedSGD"),
-    "adam": Algorithm(torch.optim.Adam, ("betas", "eps"), npu_fused="NpuFusedAdam"),
-    "adamw": Algorithm(torch.optim.AdamW, ("betas", "eps"), npu_fused="NpuFusedAdamW"),
-    "rmsprop": Algorithm(torch.optim.RMSprop, ("momentum", "alpha", "eps"), ("foreach",), "NpuFusedRMSprop"),
+    "sgd": Algorithm(torch.optim.SGD, {"momentum": MOMENTUM, "nesterov": Setting(False)}, npu_fused="NpuFusedSGD"),
+    "adam": Algorithm(torch.optim.Adam, {"betas": BETAS, "eps": EPS}, npu_fused="NpuFusedAdam"),
+    "adamw": Algorithm(torch.optim.AdamW, {"betas": BETAS, "eps": EPS}, npu_fused="NpuFusedAdamW"),
+    "rmsprop": Algorithm(torch.optim.RMSprop, {"momentum": MOMENTUM, "alpha": Setting(0.99, "[0, 1)"), "eps": EPS},
+                         ("foreach",), "NpuFusedRMSprop"),
 }
+
+
+def algorithm_settings():
+    """{name: Setting} of every algorithm's own settings: the optim.* schema they add to config. A
+    name means one thing, so rows that share one share its Setting (a ValueError says which)."""
+    found = {}
+    for algorithm_name, algorithm in ALGORITHMS.items():
+        for name, setting in algorithm.hyperparameters.items():
+            if found.setdefault(name, setting) != setting:
+                raise ValueError(f"optim.ALGORITHMS: '{name}' of '{algorithm_name}' is {setting}, another row's is "
+                                 f"{found[name]}; a setting means one thing: give the same, or another name")
+    return found
 
 
 def npu_fused_class(module_name):
@@ -123,7 +148,7 @@ def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight
     """Algorithm ``name`` in ``implementation`` (IMPLEMENTATIONS) over ``params`` (a module or
     tensors). ``hyper``: the algorithm's own settings (momentum, nesterov, betas, eps, alpha)."""
     algorithm = ALGORITHMS[name]
-    unknown = hyper.keys() - set(algorithm.hyperparameters)
+    unknown = hyper.keys() - algorithm.hyperparameters.keys()
     if unknown:
         raise TypeError(f"{name} takes {', '.join(algorithm.hyperparameters)}, not {sorted(unknown)}")
     if isinstance(params, torch.nn.Module):

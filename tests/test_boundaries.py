@@ -12,6 +12,7 @@ from mobilenet.config import (AUTO_OR_BOOL, AUTO_OR_INT, CHOICES, DEFAULTS, RANG
                               in_range, resolve)
 from mobilenet.engine import run
 from mobilenet.errors import UsageError
+from mobilenet.model import MODELS
 
 # A run of one step of the smallest model on 16 synthetic images (the data settings: on the demo's
 # JPEG files, where they apply).
@@ -57,6 +58,8 @@ def values_of(key, default):
     """Every value to try for ``key``, with what it must do."""
     if key in CHOICES:
         return [(v, VALID) for v in sorted(CHOICES[key])] + [("bogus", INVALID)] + odd()
+    if key == "model.name":  # the table's, or torchvision's by name
+        return [(v, VALID) for v in sorted(MODELS)] + [("bogus", INVALID)] + odd()
     if isinstance(default, bool):
         return [("true", VALID), ("false", VALID), ("1", EITHER)] + odd(valid={"true"})
     if isinstance(default, list):

@@ -339,3 +339,33 @@ def test_compile_auto_estimates_the_run_from_its_steps_and_its_models_cost(tmp_p
     assert relative_cost({"name": "mobilenet_v1", "width_mult": 1.0, "resolution": 224}) == 1
     assert 0.05 < relative_cost({"name": "mobilenet_v1", "width_mult": 0.25, "resolution": 224}) < 0.1
     assert relative_cost({"name": "resnet18", "width_mult": 0.25, "resolution": 224}) > 3  # no width: ignored
+
+
+def test_a_setting_the_chosen_row_does_not_take_is_said_the_same_way_for_every_table():
+    from mobilenet.config import build_config, resolve
+    cfg = resolve(build_config(ROOT / "configs" / "imagenet.yaml", [
+        "device=cpu", "optim.betas=[0.5, 0.5]", "model.name=resnet18", "model.width_mult=0.5", "data.path=synthetic",
+        "data.hflip=false"]))
+    assert list(cfg["derived"]["not_taken"]) == [
+        "optim.betas=[0.5, 0.5]: sgd does not take it (it takes optim.momentum, optim.nesterov); ignored",
+        "model.width_mult=0.5: resnet18 does not take it (it takes none of model.width_mult); ignored",
+        "data.hflip=False: synthetic does not take it (it takes data.synthetic_size); ignored"]
+
+
+def test_an_algorithm_row_alone_brings_its_own_setting(tmp_path, digits):
+    """A forker's row with a setting of its own (Adagrad's lr_decay): config takes its default and
+    range from the row, config.yaml records it, a bad value is one line; nothing else is edited."""
+    add_adagrad = ("import torch\nfrom mobilenet import optim\n"
+                   "optim.ALGORITHMS['adagrad'] = optim.Algorithm(torch.optim.Adagrad, "
+                   "{'lr_decay': optim.Setting(0.0, '[0, inf)')}, kernels=('foreach',))\n"
+                   "import sys, train\nsys.exit(train.main(sys.argv[1:]))\n")
+    args = ["--config", "configs/demo.yaml", "--data", str(digits), *NO_WORKERS, "device=cpu", "optim.name=adagrad",
+            "train.max_steps=2", "--epochs", "1"]
+    good = subprocess.run([sys.executable, "-c", add_adagrad, *args, "optim.lr_decay=0.01", "--output",
+                           str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr[-2000:]
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["optim"]["lr_decay"] == 0.01
+    bad = subprocess.run([sys.executable, "-c", add_adagrad, *args, "optim.lr_decay=-1", "--output",
+                          str(tmp_path / "bad")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == ("error: override 'optim.lr_decay=-1': 'optim.lr_decay' must "
+                                                          "be at least 0, got -1.0"), bad.stderr

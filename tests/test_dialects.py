@@ -253,7 +253,7 @@ def test_a_meeting_that_fails_is_one_line_naming_whom_it_waited_for():
     (["--no-accel", "--device", "cuda"], ["--device", "--no-accel"]),
     (["--apex", "--amp", "O1", "--apex-opt-level", "O2"], ["--amp", "--apex"]),
     (["/a", "/b"], ["one data folder"]),
-    (["-a", "vgg16"], ["-a/--arch vgg16", "this app trains mobilenet_v1, mobilenet_v2, resnet18"]),
+    (["-a", "lenet5"], ["-a/--arch lenet5", "this app trains mobilenet_v1, mobilenet_v2, resnet18 and torchvision"]),
     (["--pretrained"], ["--pretrained", "model.pretrained=FILE"]),
     (["--apex-opt-level", "O2"], ["--apex-opt-level", "--apex"]),
     (["--loss-scale-value", "128"], ["--loss-scale-value", "--apex"]),

@@ -71,10 +71,10 @@ def test_rejects_foreign_and_corrupt_files(tmp_path):
         load_checkpoint(corrupt)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
-def test_another_model_from_the_table_trains_resumes_exactly_and_validates(tmp_path, digits, capsys, name):
-    """model.name takes torchvision's models through the table: the demo trains one, resumes it
-    mid-epoch bit-identically, validates, and says what model.width_mult means for it."""
+def test_another_model_from_the_table_trains_resumes_exactly_and_validates(tmp_path, digits, capsys, name="resnet18"):
+    """model.name takes torchvision's models through the table (tests/test_tables.py trains every
+    row): the demo trains resnet18, resumes it mid-epoch bit-identically, validates, says that it
+    does not take model.width_mult, saves its arch, and another model's checkpoint is one line."""
     import json
 
     import train
@@ -83,8 +83,7 @@ def test_another_model_from_the_table_trains_resumes_exactly_and_validates(tmp_p
             "train.max_steps_per_epoch=4", "--epochs", "2"]
     assert train.main([*args, "--output", str(tmp_path / "straight")]) == 0
     said = capsys.readouterr().out
-    has_width = name == "mobilenet_v2"
-    assert ("model.width_mult 0.25: resnet18 has no width multiplier" in said) != has_width
+    assert "note: model.width_mult=0.25: resnet18 does not take it (it takes none of model.width_mult); ignored" in said
     assert train.main([*args, "--output", str(tmp_path / "resumed"), "train.max_steps=6"]) == 0
     assert train.main([*args, "--output", str(tmp_path / "resumed"), "--resume", "auto"]) == 0
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")

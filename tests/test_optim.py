@@ -107,7 +107,7 @@ class SignSGD(torch.optim.Optimizer):
 
 def test_an_algorithm_is_one_entry_even_a_class_without_foreach_or_fused(monkeypatch, tmp_path, digits):
     from mobilenet.optim import Algorithm
-    monkeypatch.setitem(ALGORITHMS, "signsgd", Algorithm(SignSGD, (), kernels=()))
+    monkeypatch.setitem(ALGORITHMS, "signsgd", Algorithm(SignSGD, {}, kernels=()))
     out = tmp_path / "run"
     assert train.main(["--config", "configs/demo.yaml", *TINY, "--data", str(digits), "--output", str(out),
                        "optim.name=signsgd", "--optimizer", "fused", "--epochs", "1", "train.max_steps=3"]) == 0

@@ -1,16 +1,15 @@
-"""Advice lines, each said once a run at a log interval: what a setting the model does not take
-means (model.width_mult), where bfloat16 pays on this CPU, and what to do when the loader stays
-the bottleneck. Their inputs are resolved once, when the run is built."""
+"""Advice lines, each said once a run at a log interval: where bfloat16 pays on this CPU, and what
+to do when the loader stays the bottleneck. Their inputs are resolved once, when the run is built."""
 from mobilenet.behaviours.base import Behaviour
 from mobilenet.data.sources import source_of
 from mobilenet.distributed import world_from_env
 from mobilenet.host import cpu_bf16_features, usable_cores
-from mobilenet.model import MODELS, multiply_adds
+from mobilenet.model import multiply_adds
 
 
 class Advice(Behaviour):
     def __init__(self, cfg):
-        self.once = [line for line in (width_note(cfg), bf16_hint(cfg)) if line]  # at the first interval
+        self.once = [line for line in (bf16_hint(cfg),) if line]  # at the first interval
         self.data_wait = DataWaitHint(cfg["derived"]["workers"], usable_cores() // world_from_env().local_size,
                                       source_of(cfg["data"]["path"]).preparable)
 
@@ -19,15 +18,6 @@ class Advice(Behaviour):
             if line:
                 r.log.info(line)
         self.once = []
-
-
-def width_note(cfg):
-    """The line that says model.width_mult is ignored by a model without one, or None."""
-    model = cfg["model"]
-    if MODELS[model["name"]].has_width or model["width_mult"] == 1.0:
-        return None
-    return (f"model.width_mult {model['width_mult']:g}: {model['name']} has no width multiplier; it is built at "
-            f"its own width (the setting is ignored)")
 
 
 class DataWaitHint:

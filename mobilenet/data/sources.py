@@ -1,9 +1,9 @@
 """Where the data comes from: one table (SOURCES) of the kinds of data.path (synthetic images, the
-bundled digits, a prepared set, an ImageFolder); the first entry that claims a path gives its
-datasets, the images it trains on counted (train.compile auto), the bytes of an image decoded
-(data.workers auto) and the recipe train.py starts from without --config. Every dataset gives its
-own data record (record_lines) and its length, over which the resumable shuffle runs. Adding a
-source is one entry."""
+bundled digits, a prepared set, and, for any other path, an ImageFolder); the source that claims
+a path gives its datasets, the images it trains on counted (train.compile auto), the bytes of an
+image decoded (data.workers auto), the recipe train.py starts from without --config and the
+settings it takes. Every dataset gives its own data record (record_lines) and its length, over
+which the resumable shuffle runs. Adding a source is one entry, wherever it stands."""
 import itertools
 import os
 from dataclasses import dataclass
@@ -20,16 +20,27 @@ from mobilenet.host import usable_cores
 
 @dataclass(frozen=True)
 class Source:
-    """``claims(path)``; ``datasets(path, data, model, crops)``: (train, val), ``crops`` the (train,
-    val) transforms; ``train_images(path, data, limit)``: counted up to ``limit``;
-    ``decoded_bytes(path)``: one training image's, decoded (estimated); ``recipe``: configs/NAME.yaml;
+    """``claims(path)``: whether data.path ``path`` is of this source, by what it is (no source's
+    place in the table matters; the one ``fallback`` source takes the paths none claims, and has no
+    claims); ``datasets(path, data, model, crops)``: (train, val), ``crops`` the (train, val)
+    transforms; ``train_images(path, data, limit)``: counted up to ``limit``; ``decoded_bytes(path)``:
+    one training image's, decoded (estimated); ``recipe``: configs/NAME.yaml; ``takes``: the data.*
+    settings of DATA_OPTIONAL it takes (the rest is said and ignored); ``example(folder)``: a small
+    instance of it made in ``folder``, as its data.path (every row trains from one in the tests);
     ``preparable``: scripts/prepare_data.py can make a prepared set of it (the data-wait advice)."""
     claims: Callable
     datasets: Callable
     train_images: Callable
     decoded_bytes: Callable
     recipe: str
+    takes: tuple
+    example: Callable
     preparable: bool = False
+    fallback: bool = False
+
+
+IMAGE_SETTINGS = ("hflip", "min_scale", "val_resize_ratio", "strict", "cache_mb", "decode")  # of files' images
+DATA_OPTIONAL = (*IMAGE_SETTINGS, "synthetic_size")  # the data.* settings a source may take or not
 
 
 def synthetic_datasets(path, data, model, crops):
@@ -93,29 +104,44 @@ def digits_root():
     return DIGITS_ROOT if DIGITS_ROOT.is_dir() else build_digits()
 
 
+def prepared_example(folder):
+    """The digits, prepared (scripts/prepare_data.py) into ``folder``/prepared."""
+    from mobilenet.data.prepare import prepare  # the writer: imported by this example alone
+    destination = Path(folder) / "prepared"
+    prepare(digits_root(), destination, say=lambda line, end="\n": None, workers=1)
+    return str(destination)
+
+
 SOURCES = {
     "synthetic": Source(claims=lambda path: path == "synthetic", datasets=synthetic_datasets,
                         train_images=lambda path, data, limit: data["synthetic_size"],
-                        decoded_bytes=lambda path: 0, recipe="synthetic"),
+                        decoded_bytes=lambda path: 0, recipe="synthetic", takes=("synthetic_size",),
+                        example=lambda folder: "synthetic"),
     "digits": Source(claims=lambda path: path == "digits",
                      datasets=lambda path, *rest: folder_datasets(digits_root(), *rest),
                      train_images=lambda path, data, limit: DIGITS_TRAIN_IMAGES,
-                     decoded_bytes=lambda path: folder_decoded_bytes(DIGITS_ROOT), recipe="demo"),
+                     decoded_bytes=lambda path: folder_decoded_bytes(DIGITS_ROOT), recipe="demo",
+                     takes=IMAGE_SETTINGS, example=lambda folder: "digits"),
     "prepared": Source(claims=lambda path: prepared.is_prepared(path) or prepared.is_unfinished(path),
                        datasets=prepared_datasets,
                        train_images=lambda path, data, limit: prepared.train_images(path),
                        decoded_bytes=lambda path: 3 * prepared.manifest(path)["settings"]["max_side"] ** 2 * 3 // 4,
-                       recipe="imagenet"),
-    "folder": Source(claims=lambda path: True, datasets=folder_datasets, train_images=folder_images,
-                     decoded_bytes=folder_decoded_bytes, recipe="imagenet", preparable=True),
+                       recipe="imagenet", takes=IMAGE_SETTINGS, example=prepared_example),
+    "folder": Source(claims=None, datasets=folder_datasets, train_images=folder_images,
+                     decoded_bytes=folder_decoded_bytes, recipe="imagenet", takes=IMAGE_SETTINGS,
+                     example=lambda folder: str(digits_root()), preparable=True, fallback=True),
 }
 
 
 def source_of(path):
-    """The first source that claims data.path ``path``."""
+    """The source that claims data.path ``path`` (one at most), else the fallback source."""
     if path is None:
         raise UsageError("no dataset: pass --data /path/to/imagenet, --data synthetic or --data digits")
-    return next(source for source in SOURCES.values() if source.claims(path))
+    claimed = [name for name, source in SOURCES.items() if not source.fallback and source.claims(path)]
+    if len(claimed) > 1:
+        raise UsageError(f"--data {path}: the sources {' and '.join(claimed)} of data.sources.SOURCES both claim "
+                         f"it; make their claims exclusive")
+    return SOURCES[claimed[0]] if claimed else next(source for source in SOURCES.values() if source.fallback)
 
 
 def build_datasets(data, model, decode="workers"):
