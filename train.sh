@@ -6,6 +6,8 @@
 #                                   (--join-timeout S: how long the nodes wait for each other, 600)
 # Restart after a failure:          --max-restarts N (torchrun's own; every rank resumes from rank 0's
 #                                   newest checkpoint; see train.checkpoint_every_minutes)
+# Elastic, MIN to MAX nodes:        --nnodes MIN:MAX --max-restarts N (a node lost or come back is a
+#                                   restart; the run keeps its global batch, accumulating forwards)
 # Every other flag (--optimizer, --device, --data, --config, key.sub=value, ...) goes to train.py.
 # The launcher flags of ModelZoo's and pytorch/examples' main.py that mean one thing on one node:
 #   --addr HOST                     = --master-addr HOST
@@ -62,21 +64,29 @@ if [ -n "$cards" ]; then
   export ASCEND_RT_VISIBLE_DEVICES="$cards" CUDA_VISIBLE_DEVICES="$cards"
 fi
 nproc="${nproc:-1}" master_addr="${master_addr:-127.0.0.1}"
-whole --nproc "$nproc"; whole --nnodes "$nnodes"; whole --node-rank "$node_rank"
+if [[ "$nnodes" =~ ^([0-9]+):([0-9]+)$ ]]; then  # torchrun's elastic range: the job goes on with MIN to MAX nodes
+  min_nodes="${BASH_REMATCH[1]}" max_nodes="${BASH_REMATCH[2]}"
+  [ "$min_nodes" -ge 1 ] && [ "$min_nodes" -le "$max_nodes" ] \
+    || fail "--nnodes $nnodes: give MIN:MAX with 1 <= MIN <= MAX"
+else
+  whole --nnodes "$nnodes"
+  min_nodes="$nnodes" max_nodes="$nnodes"
+fi
+whole --nproc "$nproc"; whole --node-rank "$node_rank"
 whole --master-port "$master_port"; whole --max-restarts "$max_restarts"; whole --join-timeout "$join_timeout"
 [ "$join_timeout" -ge 1 ] || fail "--join-timeout must be at least 1 (seconds), got $join_timeout"
 [ "$nproc" -ge 1 ] || fail "--nproc must be at least 1 (processes on this node, one per card), got $nproc"
-[ "$nnodes" -ge 1 ] || fail "--nnodes must be at least 1, got $nnodes"
-[ "$node_rank" -lt "$nnodes" ] || fail "--node-rank must be below --nnodes ($nnodes), got $node_rank"
+[ "$max_nodes" -ge 1 ] || fail "--nnodes must be at least 1, got $nnodes"
+[ "$node_rank" -lt "$max_nodes" ] || fail "--node-rank must be below --nnodes ($nnodes), got $node_rank"
 [ "$master_port" -ge 1 ] && [ "$master_port" -le 65535 ] || fail "--master-port must be in 1..65535, got $master_port"
 [ -n "$master_addr" ] || fail "--master-addr needs a host name or address"
 
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/env.sh"
 
-if [ "$nproc" -eq 1 ] && [ "$nnodes" -eq 1 ] && [ "$max_restarts" -eq 0 ]; then
+if [ "$nproc" -eq 1 ] && [ "$max_nodes" -eq 1 ] && [ "$max_restarts" -eq 0 ]; then
   exec "$PY" "$ROOT/train.py" "${forward[@]}"
 fi
-if [ "$nnodes" -eq 1 ]; then
+if [ "$max_nodes" -eq 1 ]; then
   rendezvous=(--standalone)
 else  # torchrun's c10d rendezvous; the host at --master-addr serves it (node ranks follow from it)
   rendezvous=(--nnodes "$nnodes" --node-rank "$node_rank" --rdzv-backend c10d

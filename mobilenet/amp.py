@@ -197,6 +197,7 @@ class NativePrecision:
     """torch's own: O0 plain fp32; O1 autocast; O2 MasterWeights. Loss scaling at O1 and O2."""
 
     backend = "native"
+    grads_stay_in_the_model = True  # a forward's grads add to the last ones' in param.grad (DDP's no_sync)
 
     def __init__(self, *, level, dtype, loss_scale, device, net, skip_on_device=False):
         self.level, self.device_type = level, device.type
@@ -276,11 +277,14 @@ class ApexPrecision:
 
     backend = "apex"
     input_dtype = torch.float32  # apex O2 casts the model's inputs itself
+    # apex's prepare_backward stashes the grads so far and zeroes the model's before each backward,
+    # adding them back after it: DDP's deferred all-reduce would reduce the last forward's grads alone
+    grads_stay_in_the_model = False
 
     def __init__(self, amp_module, level, loss_scale):
         self.amp, self.level, self.loss_scale = amp_module, level, loss_scale
         self.dynamic_loss_scale = loss_scale == "dynamic"
-        self.skipped = 0
+        self.skipped, self.overflowed = 0, False
         self.optimizer = self.names = None
 
     def params(self, net):
@@ -307,13 +311,16 @@ class ApexPrecision:
         scale = self.current_scale()
         with self.amp.scale_loss(loss, optimizer) as scaled:
             scaled.backward()
-        self.skipped += self.current_scale() < scale  # apex halves its scale exactly when it skips
+        # apex halves its scale at each overflowing backward and then skips the next step (once)
+        self.overflowed |= self.current_scale() < scale
 
     def unscale(self, optimizer):
         pass
 
     def step(self, optimizer):
         optimizer.step()
+        self.skipped += self.overflowed
+        self.overflowed = False
 
     def zero_grad(self, net, optimizer, set_to_none):
         optimizer.zero_grad()

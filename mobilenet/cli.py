@@ -39,6 +39,8 @@ def build_parser(description=None):
     p.add_argument("--device", choices=DEVICES)
     p.add_argument("--amp", choices=LEVELS, help="amp.level")
     p.add_argument("--epochs", type=int, help="train.epochs")
+    p.add_argument("--grad-accum-steps", type=int, metavar="N",
+                   help="forwards of data.batch_size per process and optimizer step (train.grad_accum_steps)")
     p.add_argument("--output", help="run directory (default runs/<config>-<optimizer>)")
     p.add_argument("--resume", help="checkpoint to resume from, or 'auto' for the newest in --output")
     p.add_argument("--start-over", action="store_true",
@@ -74,7 +76,8 @@ def default_config(data):
 def flag_settings(args, folder, processes):
     """{setting: (value, origin)} from every flag and the positional folder, and the notes; two
     flags that set one setting to different values are a UsageError."""
-    sources = [(FLAGS[key], {key: getattr(args, FLAGS[key].removeprefix("--"))}, None) for key in FLAGS]
+    sources = [(flag, {key: getattr(args, flag.removeprefix("--").replace("-", "_"))}, None)
+               for key, flag in FLAGS.items()]
     sources.append(("DIR (positional)", {"data.path": folder}, None))
     sources += dialect_settings(args, processes)
     chosen, notes = {}, []

@@ -43,7 +43,13 @@ def eager_seconds_estimate(steps, batch, cost):
     return steps * max(EAGER_HOST_STEP_S, batch * cost / EAGER_IMG_PER_S)
 
 
-def choose_compile(setting, device_type, *, steps, batch, cost, eager_only=None):
+def choose_compile(setting, device_type, *, steps, batch, cost, eager_only=None, accumulation=1):
+    """The compile choice (see auto_compile), without CUDA graphs under gradient accumulation."""
+    return without_cuda_graphs(*auto_compile(setting, device_type, steps=steps, batch=batch, cost=cost,
+                                             eager_only=eager_only), accumulation)
+
+
+def auto_compile(setting, device_type, *, steps, batch, cost, eager_only=None):
     """(torch.compile's {backend, mode} or None, why) for train.compile ``setting`` (auto, true,
     false), the one home of that decision. auto: on for cuda when compiling is at most
     COMPILE_MAX_SHARE of the run, whose eager time is estimated from ``steps(limit)`` (the run's
@@ -70,6 +76,15 @@ def choose_compile(setting, device_type, *, steps, batch, cost, eager_only=None)
     return compile_backend(device_type), (f"on (auto: compiling (~{COMPILE_SECONDS:.0f} s) is ~{share:.0%} "
                                           f"or less of this run (~{eager_seconds:.0f} s or more eager, "
                                           f"estimated)")
+
+
+def without_cuda_graphs(choice, why, accumulation):
+    """``choice`` without CUDA graphs when a step accumulates micro-steps' grads (train.grad_accum_steps
+    > 1): grads accumulated across graph replays are lost or wrong (pytorch/pytorch#169545, #96693)."""
+    if accumulation > 1 and choice and choice.get("mode") == "reduce-overhead":
+        return {**choice, "mode": None}, why + (f"; without CUDA graphs: {accumulation} micro-steps accumulate "
+                                                f"grads, which graph replays lose (pytorch/pytorch#169545)")
+    return choice, why
 
 
 def compiled(module, backend, mode):

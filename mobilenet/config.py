@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from mobilenet.amp import LEVELS
+from mobilenet.compiling import without_cuda_graphs
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
 from mobilenet.model import MODELS, OPTIONAL as MODEL_OPTIONAL, last_side, model_row, relative_cost
@@ -38,7 +39,9 @@ DEFAULTS = {
     "data": {
         "path": None,              # an ImageFolder root with train/ and val/, a prepared set of one
                                    # (scripts/prepare_data.py), 'synthetic' or 'digits'
-        "batch_size": 256,         # per process
+        "batch_size": 256,         # per process, and per forward (a micro-step under accumulation)
+        "global_batch": "auto",    # the images of one optimizer step, over every process: processes x
+                                   # batch_size x train.grad_accum_steps (auto: that product)
         "val_batch_size": 256,
         "workers": "auto",         # loader processes per training process; auto: from the cores this
                                    # process may use, shared by the node's processes (derived.workers)
@@ -85,6 +88,9 @@ DEFAULTS = {
     },
     "train": {
         "epochs": 90,
+        "grad_accum_steps": "auto",  # forwards of data.batch_size per process and optimizer step
+                                   # (--grad-accum-steps); auto: what data.global_batch asks, or a
+                                   # resume's checkpoint, else 1
         "label_smoothing": 0.0,
         "ema_decay": 0.0,          # >0: keep an exponential moving average of the weights
                                    # (e.g. 0.9999), evaluated and checkpointed beside the model
@@ -122,15 +128,16 @@ CHOICES = {
 }
 FLAGS = {"optim.impl": "--optimizer", "data.path": "--data", "device": "--device", "amp.level": "--amp",
          "train.epochs": "--epochs", "output": "--output", "train.profile": "--profile",
-         "train.compile": "--compile"}
+         "train.compile": "--compile", "train.grad_accum_steps": "--grad-accum-steps"}
 AUTO_OR_BOOL = {"model.channels_last", "optim.foreach", "train.compile"}
-AUTO_OR_INT = {"data.workers"}
+AUTO_OR_INT = {"data.workers", "data.global_batch", "train.grad_accum_steps"}
 OPTIONAL_INT = {"device_id"}
 # The interval every number must lie in (each element of a list), as the message shows it.
 RANGES = {
     "seed": "[0, 4294967295]",  # torch and numpy seed generators take 32 bits at least
     "model.width_mult": "(0, inf)", "model.num_classes": "[1, inf)", "model.resolution": "[1, inf)",
-    "data.batch_size": "[1, inf)", "data.val_batch_size": "[1, inf)", "data.workers": "[0, inf)",
+    "data.batch_size": "[1, inf)", "data.global_batch": "[1, inf)", "train.grad_accum_steps": "[1, inf)",
+    "data.val_batch_size": "[1, inf)", "data.workers": "[0, inf)",
     "data.min_scale": "(0, 1]", "data.val_resize_ratio": "[0.1, 1]", "data.synthetic_size": "[1, inf)",
     "data.cache_mb": "[0, inf)",
     "optim.lr": "(0, inf)", "optim.lr_scale_batch": "[0, inf)", "optim.weight_decay": "[0, inf)",
@@ -366,12 +373,12 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     world = world or world_from_env()
     device = choose_device(cfg["device"])
     data, model, optim, amp = cfg["data"], cfg["model"], cfg["optim"], cfg["amp"]
-    global_batch = data["batch_size"] * world.size
-    lr = optim["lr"] * global_batch / optim["lr_scale_batch"] if optim["lr_scale_batch"] else optim["lr"]
+    accumulation, global_batch, lr = batches(cfg, world.size)
     channels_last = model["channels_last"]
     amp_backend = choose_backend(amp["level"], amp["backend"], device)
     derived = {
-        "device": device, "world_size": world.size, "global_batch": global_batch, "lr": lr,
+        "device": device, "world_size": world.size, "grad_accum_steps": accumulation, "global_batch": global_batch,
+        "lr": lr,
         # torch_npu keeps its own internal layouts; channels-last measured faster on cpu and cuda
         "channels_last": device != "npu" if channels_last == "auto" else channels_last,
         "optimizer_implementation": choose_implementation(name=optim["name"], impl=optim["impl"], device=device,
@@ -383,7 +390,7 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     # torch.compile's backend and mode for the device, or None: eager; and why
     derived["compile"], derived["compile_why"] = choose_compile(
         cfg["train"]["compile"], device, steps=steps_counted_up_to(cfg, global_batch), batch=data["batch_size"],
-        cost=lambda: relative_cost(model), eager_only=eager_only(cfg, derived))
+        cost=lambda: relative_cost(model), eager_only=eager_only(cfg, derived), accumulation=accumulation)
     derived["optimizer_class"] = describe_optimizer(optim["name"], derived["optimizer_implementation"], optim["impl"])
     derived["decode"], derived["decode_why"] = choose_decode(data["decode"], device, workers=derived["workers"],
                                                              card=cfg["device_id"] or world.local_rank, probe=probe)
@@ -429,6 +436,46 @@ def choose_decode(setting, device_type, *, workers, card=0, probe=True):
         return "workers", "workers (auto: decided by each training process's probe)"
     from mobilenet.data.device_decode import probe_choice  # device decode is imported only where it may run
     return probe_choice(card, workers)
+
+
+def batches(cfg, processes, global_batch=None):
+    """(train.grad_accum_steps, data.global_batch, lr) for ``processes`` processes: the global batch
+    is processes x data.batch_size x the accumulation, whichever of the two settings is given (or
+    ``global_batch``: a resume's checkpoint's, where both are auto); the LR scales with it under
+    optim.lr_scale_batch. A global batch the processes cannot fill exactly is one line."""
+    data, train, optim = cfg["data"], cfg["train"], cfg["optim"]
+    per_step = processes * data["batch_size"]
+    given = data["global_batch"] if data["global_batch"] != "auto" else global_batch
+    if train["grad_accum_steps"] != "auto":
+        accumulation = train["grad_accum_steps"]
+        if given is not None and given != per_step * accumulation and data["global_batch"] != "auto":
+            raise UsageError(f"data.global_batch={given} and train.grad_accum_steps={accumulation} contradict each "
+                             f"other: {processes} process(es) x data.batch_size {data['batch_size']} x {accumulation} "
+                             f"is {per_step * accumulation}; give one")
+    elif given is not None:
+        if given % per_step:
+            raise UsageError(f"data.global_batch={given}: {processes} process(es) x data.batch_size "
+                             f"{data['batch_size']} = {per_step} images a forward cannot fill it exactly; give a "
+                             f"data.batch_size that divides {given // processes if given % processes == 0 else given} "
+                             f"per process, or another number of processes")
+        accumulation = given // per_step
+    else:
+        accumulation = 1
+    global_batch = per_step * accumulation
+    lr = optim["lr"] * global_batch / optim["lr_scale_batch"] if optim["lr_scale_batch"] else optim["lr"]
+    return accumulation, global_batch, lr
+
+
+def with_global_batch(cfg, global_batch):
+    """The resolved ``cfg`` with another global batch (a resume's checkpoint's: train.grad_accum_steps
+    and data.global_batch auto), the accumulation and LR that follow from it: a new read-only config,
+    the rest of its derived values as they were."""
+    derived = dict(cfg["derived"])
+    derived["grad_accum_steps"], derived["global_batch"], derived["lr"] = batches(cfg, derived["world_size"],
+                                                                                  global_batch)
+    derived["compile"], derived["compile_why"] = without_cuda_graphs(derived["compile"], derived["compile_why"],
+                                                                     derived["grad_accum_steps"])
+    return freeze({**thaw(cfg), "derived": thaw(derived)})
 
 
 def device_id_notes(device_id, device, world_size):

@@ -7,7 +7,6 @@ is finished, and its summary. The behaviours a run can do without are entered at
 (mobilenet/behaviours): the start, each resume of a foreign checkpoint, each log interval, each
 epoch's end.
 """
-import itertools
 import math
 import signal
 import time
@@ -29,7 +28,7 @@ from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_sig
 from mobilenet.logging import RunLogger, progress_line, run_description
 from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown
 from mobilenet.profile import named_phase, profiler
-from mobilenet.state import TrainingState
+from mobilenet.state import TrainingState, choose_checkpoint, with_checkpoints_global_batch
 from mobilenet.summary import read_summary, write_summary
 from mobilenet.training import TrainStep
 from mobilenet.validation import Accuracy, accuracy_line, validate
@@ -149,12 +148,18 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
         # rank 0 holds the run directory; evaluation writes nothing
         with ckpt.claim_run_directory(cfg["output"], resume=resume, start_over=start_over,
                                       claim=world.is_main and not evaluate_only):
-            r = build_run(cfg, world, device)
-            check_same_job(r)
+            log = RunLogger(Path(cfg["output"]), enabled=world.is_main)
             if restarted:
-                r.log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
+                log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
+            chosen = (None, None)
+            if resume:  # first: its global batch is kept, on any number of processes
+                chosen = choose_checkpoint(cfg, resume, fallback=fallback, evaluate_only=evaluate_only, say=log.info)
+                if not evaluate_only:
+                    cfg = with_checkpoints_global_batch(cfg, chosen[1], chosen[0])
+            r = build_run(cfg, world, device, log)
+            check_same_job(r)
             if resume:
-                r.state.resume(resume, fallback=fallback, evaluate_only=evaluate_only, say=r.log.info,
+                r.state.resume(chosen, evaluate_only=evaluate_only, say=r.log.info,
                                foreign=lambda path, checkpoint: taken_by_behaviour(r, path, checkpoint))
             if evaluate_only:
                 return evaluate_only_run(r)
@@ -170,16 +175,16 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
         destroy()
 
 
-def build_run(cfg, world, device):
+def build_run(cfg, world, device, log):
     derived, data = cfg["derived"], cfg["data"]
-    log = RunLogger(Path(cfg["output"]), enabled=world.is_main)
     train_set, val_set = build_datasets(data, cfg["model"], decode=derived["decode"])
     worker_signals = WorkerSignals()
     train_loader, val_loader = build_loaders(train_set, val_set, data, cfg["seed"], world.rank,
                                              world.size, device.type != "cpu", worker_signals,
-                                             workers=derived["workers"], decode=derived["decode"])
+                                             workers=derived["workers"], decode=derived["decode"],
+                                             accumulation=derived["grad_accum_steps"])
     limit = cfg["train"]["max_steps_per_epoch"]
-    steps = min(len(train_loader), limit) if limit > 0 else len(train_loader)
+    steps = min(train_loader.sampler.steps, limit) if limit > 0 else train_loader.sampler.steps
     state = TrainingState(cfg, device, steps, rank=world.rank)
     state.data = {"train": data_record(train_set), "val": data_record(val_set)}
     for line in run_description(cfg, device=device, images=(len(train_set), len(val_set)), steps=steps):
@@ -278,20 +283,22 @@ def fit(r):
 
 
 def train_one_epoch(r, meter, stop, prof, *, periodic, save):
-    """Trains from batch ``r.state.epoch_step`` to the end of the epoch, or until ``stop`` says so,
-    measured by ``meter``. ``save()`` between steps when ``periodic`` (rank 0's clock) is due.
-    Steps that compile (``r.clock``) are timed apart and left out of the rates."""
+    """Trains from global step ``r.state.epoch_step`` to the end of the epoch, or until ``stop`` says
+    so, measured by ``meter``: each step the train.grad_accum_steps forwards of its global batch.
+    ``save()`` between steps when ``periodic`` (rank 0's clock) is due: what acts between steps acts
+    between optimizer steps, never mid-accumulation. Steps that compile (``r.clock``) are timed apart
+    and left out of the rates."""
     state, log_every = r.state, r.cfg["train"]["log_every"]
     r.step.train(freeze_bn=r.cfg["train"]["freeze_bn"])
-    r.train_loader.sampler.set_epoch(state.epoch, state.epoch_step * r.cfg["data"]["batch_size"])
-    for batch in timed_batches(r, meter):
-        # every rank votes here, one whose wait was stuck too (batch None), and learns of rank 0's save
+    r.train_loader.sampler.set_epoch(state.epoch, state.epoch_step)
+    for batches in timed_steps(r, meter):
+        # every rank votes here, one whose wait was stuck too (None), and learns of rank 0's save
         vote = stop.vote(save_due=periodic.due())
         if vote.stop:
             break
         if vote.save:
             save()
-        loss = state.train_on(*batch)
+        loss = state.train_on(batches, after_each=r.watchdog.beat)
         compiled, compile_s = r.clock.after_step(meter, state.global_step, state.mid_epoch)
         if compile_s is not None:
             r.log.info(f"compile: the first {COMPILE_STEPS} steps took {compile_s:.1f} s (tracing and "
@@ -308,23 +315,28 @@ def train_one_epoch(r, meter, stop, prof, *, periodic, save):
             break
 
 
-def timed_batches(r, meter):
-    """The epoch's remaining batches, on the device; the wait for each is timed by the meter and
-    is the watchdog's data wait. A stop signal during a stuck wait ends it: then None comes, the
-    last step's state being whole, and the loader's workers are gone (a stuck one would hold the
-    loader's shutdown)."""
-    batches = itertools.islice(r.step.batches(r.train_loader), r.state.steps_per_epoch - r.state.epoch_step)
-    while True:
+def timed_steps(r, meter):
+    """The epoch's remaining steps, each the list of its train.grad_accum_steps batches on the
+    device, all of them there before the step votes and trains (a rank stuck in a later wait must
+    vote with its peers, not leave them in the step's all-reduce); the wait for each batch is timed
+    by the meter and is the watchdog's data wait. A stop signal during a stuck wait ends it: then
+    None comes, the last step's state being whole, and the loader's workers are gone (a stuck one
+    would hold the loader's shutdown)."""
+    forwards = r.cfg["derived"]["grad_accum_steps"]
+    batches = iter(r.step.batches(r.train_loader))
+    for _ in range(r.state.steps_per_epoch - r.state.epoch_step):
+        step = []
         try:
-            with meter.waiting(), r.watchdog.waiting("data"), r.step.phase("data"):
-                batch = next(batches, None)
+            while len(step) < forwards:
+                with meter.waiting(), r.watchdog.waiting("data"), r.step.phase("data"):
+                    step.append(next(batches))
         except StopRequested:
             kill_loader_workers()
             yield None
             return
-        if batch is None:
+        except StopIteration:
             return
-        yield batch
+        yield step
 
 
 def check_finite(r, loss_mean):

@@ -44,10 +44,12 @@ def run_description(cfg, *, device, images, steps):
     optimizer = derived["optimizer_class"]
     scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
     auto = " (auto: from the usable cores)" if data["workers"] == "auto" else ""
+    forwards = derived["grad_accum_steps"]
+    accumulated = f" x {forwards} forwards accumulated" if forwards > 1 else ""
     return [f"device {describe(device)}, {derived['world_size']} process(es); optimizer {optimizer}; amp "
             f"{cfg['amp']['level']} ({derived['amp_backend']})",
             f"data {data['path']}: {images[0]} train / {images[1]} val images, batch {data['batch_size']} per "
-            f"process x {derived['world_size']} = {derived['global_batch']} global, {steps} steps/epoch, "
+            f"process x {derived['world_size']}{accumulated} = {derived['global_batch']} global, {steps} steps/epoch, "
             f"lr {derived['lr']:g}{scaled}",
             f"data.workers {derived['workers']}{auto}; data.decode {derived['decode_why']}; "
             f"train.compile {derived['compile_why']}",

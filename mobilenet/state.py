@@ -12,7 +12,7 @@ import warnings
 import torch
 
 from mobilenet import checkpoint as ckpt
-from mobilenet.config import thaw
+from mobilenet.config import thaw, with_global_batch
 from mobilenet.data.datasets import data_changes
 from mobilenet.device import device_module
 from mobilenet.distributed import broadcast_from_rank0, every_rank, from_rank0
@@ -52,9 +52,10 @@ class TrainingState:
         else:
             set_rng_states(self.rng_start, self.device)
 
-    def train_on(self, images, labels):
-        """One training step and the schedule's; returns the loss (on the device)."""
-        loss = self.train_step(images, labels)
+    def train_on(self, batches, after_each=lambda: None):
+        """One optimizer step over ``batches`` (train.grad_accum_steps forwards) and the schedule's;
+        returns the loss (on the device)."""
+        loss = self.train_step.accumulated(batches, after_each)
         self.step_schedule()
         self.epoch_step += 1
         self.global_step += 1
@@ -188,15 +189,12 @@ class TrainingState:
         self.notes += [notes[key] for key in sorted(notes)]
 
     # The resume policy.
-    def resume(self, resume, *, fallback=None, evaluate_only=False, say=print, foreign=lambda path, checkpoint: None):
-        """Loads a checkpoint ('auto': the one of the run directory that got furthest, else
-        ``fallback``; none: a fresh start, said). Rank 0 reads it and sends it to the others: every
-        rank continues from the same state, and nodes without a shared file system need no copy of
-        the run directory. ``foreign(path, checkpoint)``: for a checkpoint that gave weights only,
-        a behaviour's notes if it took the rest (ModelZoo's position), else None. Sets
+    def resume(self, chosen, *, evaluate_only=False, say=print, foreign=lambda path, checkpoint: None):
+        """Loads the ``chosen`` (path, checkpoint) of choose_checkpoint ((None, None): none was
+        found, a fresh start). ``foreign(path, checkpoint)``: for a checkpoint that gave weights
+        only, a behaviour's notes if it took the rest (ModelZoo's position), else None. Sets
         ``resumed_at`` unless it gave only weights."""
-        output = self.cfg["output"]
-        path, checkpoint = from_rank0(lambda: ckpt.choose(resume, fallback, evaluate_only, output, say))
+        path, checkpoint = chosen
         if checkpoint is None:  # a restart before the first save, say: the first round's records go
             self.resumed_at = 0
             return
@@ -210,16 +208,49 @@ class TrainingState:
             say(f"note: {note}")
 
 
+def choose_checkpoint(cfg, resume, *, fallback=None, evaluate_only=False, say=print):
+    """(path, checkpoint) to resume from ('auto': the one of the run directory that got furthest,
+    else ``fallback``; (None, None): none, a fresh start, said). Rank 0 reads it and sends it to
+    the others: every rank continues from the same state, and nodes without a shared file system
+    need no copy of the run directory."""
+    return from_rank0(lambda: ckpt.choose(resume, fallback, evaluate_only, cfg["output"], say))
+
+
+def with_checkpoints_global_batch(cfg, checkpoint, path):
+    """``cfg`` for resuming ``checkpoint``: where train.grad_accum_steps and data.global_batch are
+    auto, its global batch (and so its LR) is kept on any number of processes, which accumulate
+    as many forwards as fill it. One that this run's processes cannot fill stops a resume
+    mid-epoch in one line; at an epoch's end the run goes on at its own (changes_since says so)."""
+    saved = ((checkpoint or {}).get("config") or {}).get("derived") or {}
+    global_batch = saved.get("global_batch")
+    auto = cfg["train"]["grad_accum_steps"] == "auto" and cfg["data"]["global_batch"] == "auto"
+    if not (ckpt.is_training_checkpoint(checkpoint or {}) and auto and isinstance(global_batch, int)):
+        return cfg
+    if global_batch == cfg["derived"]["global_batch"]:
+        return cfg
+    per_step = cfg["derived"]["world_size"] * cfg["data"]["batch_size"]
+    if global_batch % per_step == 0:
+        return with_global_batch(cfg, global_batch)
+    if checkpoint.get("epoch_step"):
+        processes = cfg["derived"]["world_size"]
+        raise UsageError(f"{path}: stopped mid-epoch at global batch {global_batch}, which {processes} "
+                         f"process(es) x data.batch_size {cfg['data']['batch_size']} cannot fill; give a "
+                         f"data.batch_size that makes a divisor of it, or resume from a checkpoint written at an "
+                         f"epoch's end")
+    return cfg
+
+
 def changes_since(state, checkpoint):
     """What a resume of ``checkpoint`` into ``state`` changes (global batch, LR, data order, the data),
     as notes."""
     notes = []
-    derived = (checkpoint.get("config") or {}).get("derived") or {}
-    was = (derived.get("world_size"), derived.get("global_batch"), derived.get("lr"))
-    now = tuple(state.cfg["derived"][key] for key in ("world_size", "global_batch", "lr"))
+    was, now = split_of(checkpoint.get("config") or {}), split_of(state.cfg)
     if None not in was and was != now:
-        notes.append(f"the checkpoint trained with {was[0]} process(es), global batch {was[1]}, lr {was[2]:g}; "
-                     f"this run has {now[0]}, {now[1]}, lr {now[2]:g}, and so another data order")
+        same = was[3:] == now[3:]
+        notes.append(f"the checkpoint trained with {was[0]} process(es) x data.batch_size {was[1]} x {was[2]} "
+                     f"forward(s) = global batch {was[3]}, lr {was[4]:g}; this run has {now[0]} x {now[1]} x "
+                     f"{now[2]} = {now[3]}, lr {now[4]:g}" + (", the same global batches" if same else
+                                                               ", and so another data order"))
     if ckpt.is_training_checkpoint(checkpoint):
         unknown = sorted(str(key) for key in checkpoint if key not in ckpt.KEYS)
         if unknown:
@@ -250,15 +281,13 @@ def check_resumable(state, checkpoint, path):
     if saved and saved != algorithm:
         raise UsageError(f"{path}: trained with optimizer {saved}, this run uses {algorithm} "
                          f"(optim.name); {weights_only}")
-    saved = checkpoint.get("config") or {}
-    was = ((saved.get("derived") or {}).get("world_size"), (saved.get("data") or {}).get("batch_size"))
-    now = (state.cfg["derived"]["world_size"], state.cfg["data"]["batch_size"])
+    was, now = split_of(checkpoint.get("config") or {})[3], state.cfg["derived"]["global_batch"]
     epoch, epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
-    if epoch_step and None not in was and was != now:
-        raise UsageError(f"{path}: stopped mid-epoch (batch {epoch_step}) with {was[0]} process(es) x "
-                         f"data.batch_size {was[1]}; this run has {now[0]} x {now[1]}, so the epoch would "
-                         f"go on from another place; resume with {was[0]} x {was[1]}, or from a checkpoint "
-                         f"written at an epoch's end")
+    if epoch_step and was is not None and was != now:
+        raise UsageError(f"{path}: stopped mid-epoch (global step {epoch_step}) at global batch {was}; this run's is "
+                         f"{now}, so the epoch would go on from another place; leave train.grad_accum_steps and "
+                         f"data.global_batch at auto to keep the checkpoint's, or resume from a checkpoint written "
+                         f"at an epoch's end")
     changed = data_changes(checkpoint.get("data"), state.data)
     if epoch_step and changed and "train:" in changed and not state.cfg["train"]["resume_next_epoch"]:
         raise UsageError(f"{path}: stopped mid-epoch (epoch {epoch}, batch {epoch_step}) on "
@@ -269,6 +298,14 @@ def check_resumable(state, checkpoint, path):
     if groups != own:
         raise UsageError(f"{path}: its optimizer has parameter groups of {groups} tensors, this "
                          f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
+
+
+def split_of(cfg):
+    """(processes, data.batch_size, forwards a step, global batch, lr) of a resolved config (or of
+    a checkpoint's: None where it does not say)."""
+    derived, data = cfg.get("derived") or {}, cfg.get("data") or {}
+    return (derived.get("world_size"), data.get("batch_size"), derived.get("grad_accum_steps", 1),
+            derived.get("global_batch"), derived.get("lr"))
 
 
 def training_seed(seed, rank, global_step):

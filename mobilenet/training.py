@@ -50,13 +50,26 @@ class TrainStep:
         self.phase = no_phase
 
     def __call__(self, images, labels):
+        return self.accumulated([(images, labels)])
+
+    def accumulated(self, batches, after_each=lambda: None):
+        """One optimizer step over the forwards of ``batches`` (train.grad_accum_steps of them): each
+        one's loss divided by their number and its grads added, DDP's all-reduce at the last alone,
+        then one unscale and finite check, one step, one zero_grad, one EMA update; ``after_each()``
+        after each forward and backward (the watchdog's beat). Returns the step's loss (the mean)."""
         phase, precision, optimizer = self.phase, self.precision, self.optimizer
-        with phase("forward"), precision.autocast():
-            logits = self.wrapped(images)
-        with phase("loss"), precision.autocast():
-            loss = self.criterion(logits.float(), labels)
-        with phase("backward"):
-            precision.backward(loss, optimizer)
+        total = None
+        for position, (images, labels) in enumerate(batches):
+            with self.without_sync(last=position == len(batches) - 1):
+                with phase("forward"), precision.autocast():
+                    logits = self.wrapped(images)
+                with phase("loss"), precision.autocast():
+                    loss = self.criterion(logits.float(), labels)
+                    loss = loss / len(batches) if len(batches) > 1 else loss
+                with phase("backward"):
+                    precision.backward(loss, optimizer)
+            total = loss.detach() if total is None else total + loss.detach()
+            after_each()
         with phase("unscale"):
             precision.unscale(optimizer)
         with phase("optimizer"):
@@ -66,7 +79,15 @@ class TrainStep:
         if self.ema is not None:
             with phase("ema"):
                 self.ema.update()
-        return loss.detach()
+        return total
+
+    def without_sync(self, last):
+        """DDP's no_sync() for a forward whose grads the next ones add to (not the ``last``), where
+        the precision leaves them in the model's grads (apex moves them: each forward all-reduces)."""
+        no_sync = getattr(self.wrapped, "no_sync", None)
+        if last or no_sync is None or not self.precision.grads_stay_in_the_model:
+            return contextlib.nullcontext()
+        return no_sync()
 
     def batches(self, loader):
         """``loader``'s uint8 batches on the device, normalised, in the layout and dtype the step takes."""

@@ -5,6 +5,7 @@
   host-model  the host-bound model of the step against measured loop/fused step times
   amp         training img/s per amp level x optimizer (where bfloat16 pays)
   compile     training img/s with train.compile against eager
+  accumulation  A forwards accumulated a step against plain steps of their batch, and one batch of A x b
   ema         the step with no EMA, the app's WeightEMA, torch's AveragedModel
   data        the input pipeline, one worker, against torchvision's
   feed        ImageNet-like JPEGs and their prepared set: cost by stage, feed by workers, training

@@ -19,6 +19,8 @@ from mobilenet.cli import build_parser, config_from_args
 from mobilenet.distributed import destroy, init_process_group, world_from_env
 from mobilenet.engine import build_run, fit
 from mobilenet.errors import TrainingFailure
+from mobilenet.logging import RunLogger
+from mobilenet.state import choose_checkpoint
 
 
 def held_state(r):
@@ -35,9 +37,9 @@ def held_state(r):
 def train(args, world, device, resume=None, before_fit=None):
     cfg = config_from_args(build_parser().parse_intermixed_args(args))
     with ckpt.claim_run_directory(cfg["output"], resume=resume, start_over=False, claim=world.is_main):
-        r = build_run(cfg, world, device)
+        r = build_run(cfg, world, device, RunLogger(Path(cfg["output"]), enabled=world.is_main))
         if resume:
-            r.state.resume(resume, say=r.log.info)
+            r.state.resume(choose_checkpoint(cfg, resume), say=r.log.info)
         if before_fit:
             before_fit(r)
         return r, fit(r)

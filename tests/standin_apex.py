@@ -26,6 +26,8 @@ src/apex/optimizers/npu_fused_*.py. What it models, as apex does it:
   (at most 2**24). At a STATIC scale apex checks nothing (check_overflow_and_sync sets _has_overflow
   False) and an overflowing step is applied. Without an overflow, the grads are unscaled into the
   masters' grads (O2) or in place (O1).
+- Accumulation (backwards without zero_grad between): each backward's grads, unscaled, are added
+  to the stashed grads so far (prepare_backward_* stashes them and zeroes the model's grads first).
 - amp.state_dict() / amp.load_state_dict(): {"loss_scaler0": {"loss_scale", "unskipped"}}.
 - apex.optimizers.NpuFusedSGD / Adam / AdamW / RMSprop set is_npu_fused_optimizer; their step()
   raises without amp ("... should be used with AMP."), and amp refuses them at O0.
@@ -34,8 +36,8 @@ Not modelled: the NPU itself (apex refuses tensors that are not on an npu; its f
 overflow flag; storage formats; combine_npu's 16-element alignment), the fused optimizers' own
 arithmetic (the stand-ins run torch's per-tensor update over the combined views; for SGD apex's
 npu_fused_sgd.py computes the same: buf = grad + wd*p at the first step, then momentum*buf + grad,
-p -= lr*buf), the cross-rank overflow all_reduce, combine_ddp, check_combined_tensors, gradient
-accumulation without zero_grad (apex's stashed grads), several losses or optimizers, O3.
+p -= lr*buf), the cross-rank overflow all_reduce, combine_ddp, check_combined_tensors, several losses
+or optimizers, O3.
 """
 import contextlib
 import sys
@@ -280,8 +282,20 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", loss_scale
     return models if optimizers is None else (models, optimizers)
 
 
+def _prepare_backward(optimizer):
+    """prepare_backward_with_master_weights / _no_master_weights: a backward that no zero_grad came
+    before (accumulation) finds the model's grads zeroed, the unscaled grads so far stashed."""
+    stash = optimizer._amp_stash
+    keep = not stash.process_zero_grad
+    stash.stashed = [m.grad.detach().clone() if keep and m.grad is not None else None for m in stash.masters]
+    for param in stash.model_params:
+        if param.grad is not None:
+            param.grad.zero_()
+
+
 def _post_backward(optimizer, scaler):
-    """Unscale into the masters' grads, unless a dynamic scale finds an overflow: returns whether."""
+    """Unscale into the masters' grads and add the stashed ones (unscale_with_stashed,
+    unscale_grad_O2), unless a dynamic scale finds an overflow in this backward's: returns whether."""
     stash = optimizer._amp_stash
     if not stash.already_combined and (optimizer.accelerate or optimizer.is_npu_fused_optimizer):
         _combine_grads(optimizer)
@@ -297,6 +311,9 @@ def _post_backward(optimizer, scaler):
                 param.grad.mul_(1.0 / scaler.loss_scale)
             else:
                 master.grad.copy_(param.grad).mul_(1.0 / scaler.loss_scale)
+        for master, stashed in zip(stash.masters, stash.stashed):
+            if stashed is not None:
+                master.grad.add_(stashed)
     return False
 
 
@@ -324,6 +341,7 @@ def scale_loss(loss, optimizer, loss_id=0, model=None, delay_unscale=False):
         raise RuntimeError("Invoked 'with amp.scale_loss`, but internal Amp state has not been initialized.")
     scaler = _state.scaler
     _lazy_init(optimizer)
+    _prepare_backward(optimizer)
     yield loss.float() * scaler.loss_scale
     overflow = _post_backward(optimizer, scaler)
     optimizer._amp_stash.process_zero_grad = False

@@ -177,3 +177,84 @@ def test_the_standin_keeps_apexs_rules(apex):
     net = torch.nn.DataParallel(MobileNetV1(0.25, 10))  # DDP alike (tests/test_ranks.py: the app's order)
     with pytest.raises(RuntimeError, match="Parallel wrappers should only be applied"):
         apex.amp.initialize(net, apex.optimizers.NpuFusedSGD(net.parameters(), lr=0.1), opt_level="O2")
+
+
+def apex_step(apex, loss_scale=128.0, wrap=lambda net: net):
+    """A TrainStep of MobileNetV1 0.25 at apex O2 with NpuFusedSGD; BatchNorm frozen, so that a batch's
+    grads are the sum of its parts' (up to float16's rounding)."""
+    torch.manual_seed(0)
+    net = MobileNetV1(0.25, 10)
+    optimizer = build_optimizer(net, implementation="apex_npu_fused", lr=0.1, momentum=0.9)
+    precision = ApexPrecision(apex.amp, "O2", loss_scale)
+    net, optimizer = precision.initialize(net, optimizer)
+    step = TrainStep(net=net, wrapped=wrap(net), optimizer=optimizer, precision=precision,
+                     criterion=torch.nn.CrossEntropyLoss(), implementation="apex_npu_fused")
+    step.train(freeze_bn=True)
+    return step
+
+
+def parts(count, size=8):
+    data = torch.Generator().manual_seed(5)
+    return [(torch.randn(size, 3, 32, 32, generator=data), torch.randint(0, 10, (size,), generator=data))
+            for _ in range(count)]
+
+
+def masters(step):
+    return [p.detach().clone() for group in step.optimizer.param_groups for p in group["params"]]
+
+
+def test_apex_accumulates_what_one_batch_trains(apex):
+    """Two forwards of 8 under apex (its stash: each backward's unscaled grads added to the ones so far)
+    make the update one forward of the 16 makes, within float16's rounding."""
+    halves = parts(2)
+    whole = [(torch.cat([halves[0][0], halves[1][0]]), torch.cat([halves[0][1], halves[1][1]]))]
+    updates = []
+    for batches in (halves, whole):
+        step = apex_step(apex)
+        before = masters(step)
+        step.accumulated(batches)
+        updates.append([after - was for after, was in zip(masters(step), before)])
+    for accumulated, one in zip(*updates):
+        torch.testing.assert_close(accumulated, one, rtol=2e-2, atol=2e-5)
+
+
+@pytest.mark.parametrize("overflowing, scale", [({0}, 2.0**15), ({1}, 2.0**15), ({0, 1}, 2.0**14)])
+def test_apex_counts_a_step_skipped_once_however_many_forwards_overflow(apex, overflowing, scale):
+    """The forwards whose grads are not finite (a hook on the classifier's weight): apex halves the
+    scale at each, skips the step once (weights and momentum stay)."""
+    step = apex_step(apex, loss_scale="dynamic")
+    before = masters(step)
+    backwards = []
+
+    def not_finite_in_some(grad):
+        backwards.append(grad)
+        return grad * float("inf") if len(backwards) - 1 in overflowing else grad
+    classifier = next(m for m in step.net.modules() if isinstance(m, torch.nn.Linear))
+    classifier.weight.register_hook(not_finite_in_some)
+    step.accumulated(parts(2))
+    assert step.precision.metrics() == {"loss_scale": scale, "skipped_steps": 1}
+    assert all(torch.equal(a, b) for a, b in zip(before, masters(step))) and not step.optimizer.state
+
+
+def accumulate_on_a_rank(rank, init, out):
+    """One of two DDP processes (gloo) under the stand-in: two forwards, its share of parts(4)."""
+    sys.modules.update(standin_apex.modules())
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    step = apex_step(standin_apex, wrap=torch.nn.parallel.DistributedDataParallel)
+    step.accumulated(parts(4)[2 * rank:2 * rank + 2])
+    torch.save(masters(step), out / f"{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_apex_on_two_processes_accumulates_what_one_process_does(apex, tmp_path):
+    """Two processes x two forwards under apex train one process's four forwards: each forward
+    all-reduces (DDP's no_sync would reduce the last forward's grads alone, as apex's stash holds the
+    others), and the ranks end equal."""
+    torch.multiprocessing.spawn(accumulate_on_a_rank, args=(tmp_path / "init", tmp_path), nprocs=2)
+    ranks = [torch.load(tmp_path / f"{rank}.pt") for rank in range(2)]
+    step = apex_step(apex)
+    before = masters(step)
+    step.accumulated(parts(4))
+    for zero, one, alone, was in zip(*ranks, masters(step), before):
+        assert torch.equal(zero, one)
+        torch.testing.assert_close(zero - was, alone - was, rtol=2e-2, atol=2e-5)

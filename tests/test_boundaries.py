@@ -73,6 +73,9 @@ def values_of(key, default):
                 ("static", INVALID)] + odd()
     if key in AUTO_OR_BOOL:
         return [("auto", VALID), ("true", VALID), ("false", VALID)] + odd(valid={"true"})
+    if key in ("data.global_batch", "train.grad_accum_steps"):  # an image count the processes may not fill
+        return [("auto", VALID)] + [(v, EITHER if expected == VALID else expected)
+                                    for v, expected in number_values(key, 1)] + odd()
     if key in AUTO_OR_INT:
         return [("auto", VALID)] + number_values(key, 0) + odd()
     # paths (data, output, pretrained): what each value means depends on the key

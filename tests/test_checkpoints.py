@@ -289,18 +289,22 @@ def test_evaluate_resume_auto_without_a_checkpoint_is_an_error(tmp_path, digits,
     assert len(error) == 1 and error[0].startswith("error: --evaluate --resume auto: no checkpoint in")
 
 
-def test_resume_with_another_batch_says_what_changes_or_refuses_mid_epoch(two_epochs, digits, capsys):
-    capsys.readouterr()
-    assert run(digits, two_epochs, "--epochs", "3", "data.batch_size=16", "--resume", "auto") == 0
-    assert ("note: the checkpoint trained with 1 process(es), global batch 32, lr 0.1; this run has 1, "
-            "16, lr 0.1, and so another data order") in capsys.readouterr().out
+def test_resume_with_another_batch_keeps_the_global_batch_or_says_what_changes(two_epochs, digits, capsys):
+    """Another data.batch_size: the checkpoint's global batch is kept (two forwards a step), mid-epoch
+    too; another global batch given: at an epoch's end a note says so, mid-epoch it is refused."""
     mid = two_epochs.parent / "mid"
     assert run(digits, mid, "--epochs", "2", "train.max_steps=6") == 0  # stops at epoch 1, batch 2
     assert load_checkpoint(mid / "checkpoints" / "last.pt")["epoch_step"] == 2
     capsys.readouterr()
-    assert run(digits, mid, "--epochs", "2", "data.batch_size=16", "--resume", "auto") == 2
+    assert run(digits, mid, "--epochs", "2", "data.batch_size=16", "data.global_batch=16", "--resume", "auto") == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and "stopped mid-epoch (batch 2) with 1 process(es) x data.batch_size 32" in error[0]
+    assert len(error) == 1 and "stopped mid-epoch (global step 2) at global batch 32; this run's is 16" in error[0]
+    assert run(digits, mid, "--epochs", "2", "data.batch_size=16", "--resume", "auto") == 0
+    assert ("note: the checkpoint trained with 1 process(es) x data.batch_size 32 x 1 forward(s) = global batch 32, "
+            "lr 0.1; this run has 1 x 16 x 2 = 32, lr 0.1, the same global batches") in capsys.readouterr().out
+    assert run(digits, two_epochs, "--epochs", "3", "data.global_batch=16", "data.batch_size=16",
+               "--resume", "auto") == 0
+    assert ("this run has 1 x 16 x 1 = 16, lr 0.1, and so another data order") in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("damage", ["missing", "cut short"])
@@ -455,7 +459,7 @@ def test_a_bug_writes_its_traceback_to_the_run_directory_and_one_line(tmp_path, 
     run, as a bug would be (injected into the loop's step)."""
     from mobilenet import state
 
-    def broken(self, images, labels):
+    def broken(self, batches, after_each=None):
         raise ZeroDivisionError("injected")
     monkeypatch.setattr(state.TrainingState, "train_on", broken)
     out = tmp_path / "run"

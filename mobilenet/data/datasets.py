@@ -335,8 +335,9 @@ class WorkerSignals:
 
 
 def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False,
-                  worker_signals=None, workers=0, decode="workers"):
-    """Train: a seeded, resumable shuffle per epoch, full batches. Val: this process's exact share.
+                  worker_signals=None, workers=0, decode="workers", accumulation=1):
+    """Train: a seeded, resumable shuffle per epoch, full batches, ``accumulation`` of them for each
+    optimizer step (ResumableSampler's virtual ranks). Val: this process's exact share.
     ``workers``: loader processes each (derived.workers); ``worker_signals``: a WorkerSignals
     whose protection the workers follow; ``decode``: derived.decode (device: batches of encoded
     JPEGs and the images decoded in the workers, mobilenet.data.device_decode)."""
@@ -345,14 +346,14 @@ def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=Fa
     if decode == "device":  # imported only then
         from mobilenet.data.device_decode import collate
         common["collate_fn"] = collate
-    sampler = ResumableSampler(len(train_set), rank, world, seed)
+    sampler = ResumableSampler(len(train_set), rank, world, seed, data["batch_size"], accumulation)
     # generators of their own: an iteration's start draws from them, not from torch's global one,
     # which the model's own randomness (dropout) uses and checkpoints restore
     train = DataLoader(train_set, batch_size=data["batch_size"], sampler=sampler, drop_last=True,
                        generator=torch.Generator().manual_seed(seed), **common)
     val = DataLoader(val_set, batch_size=data["val_batch_size"], sampler=ShardSampler(len(val_set), rank, world),
                      generator=torch.Generator().manual_seed(seed + 1), **common)
-    if len(train) == 0:
-        raise UsageError(f"data.batch_size={data['batch_size']} is larger than the "
-                         f"{len(sampler)} training images per process")
+    if sampler.steps == 0:
+        raise UsageError(f"data.batch_size={data['batch_size']} x {world} process(es) x {accumulation} forward(s) "
+                         f"is larger than the {len(train_set)} training images")
     return train, val

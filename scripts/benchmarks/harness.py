@@ -132,10 +132,11 @@ def training_rate(config, overrides, steps=12, log_every=4):
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
         cfg = build_config(config, [*overrides, "train.epochs=1", f"train.log_every={log_every}"],
                            settings={"output": out})
-        compile_steps = COMPILE_STEPS if resolve(cfg)["derived"]["compile"] else 0
+        derived = resolve(cfg)["derived"]
+        compile_steps = COMPILE_STEPS if derived["compile"] else 0
         cfg["train"]["max_steps_per_epoch"] = steps + compile_steps
         if cfg["data"]["path"] == "synthetic":
-            cfg["data"]["synthetic_size"] = (steps + compile_steps) * cfg["data"]["batch_size"]
+            cfg["data"]["synthetic_size"] = (steps + compile_steps) * derived["global_batch"]
         run(resolve(cfg))
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     rates = [r["img_per_s"] for r in records if r["kind"] == "train"]
@@ -174,7 +175,7 @@ def op_budget(cfg, device, warmup=3):
     def prefetch():
         return next(iter(state.train_step.batches(raw)))
     for _ in range(warmup):
-        state.train_on(*prefetch())
+        state.train_on([prefetch()])
     with OpCounter() as counter:
         images, labels = prefetch()
     counts = dict.fromkeys(PHASES, 0)

@@ -41,11 +41,11 @@ def from_memory(args, overrides):
 
     def measure():
         for images, labels in batches[:args.log_every]:  # as end to end, the first interval is left out
-            state.train_on(images, labels)
+            state.train_on([(images, labels)])
         synchronize(device)
         start = time.perf_counter()
         for images, labels in batches[args.log_every:]:
-            state.train_on(images, labels)
+            state.train_on([(images, labels)])
         synchronize(device)
         return (len(batches) - args.log_every) * cfg["derived"]["global_batch"] / (time.perf_counter() - start)
     return measure

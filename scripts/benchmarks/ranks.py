@@ -33,13 +33,13 @@ def timed(args, overrides, impl, level):
     state.train_step.train()
     images, labels = next(iter(state.train_step.batches(synthetic_batch(cfg))))
     for _ in range(3):
-        state.train_on(images, labels)
+        state.train_on([(images, labels)])
 
     def step_ms():
         synchronize(device)
         start = time.perf_counter()
         for _ in range(args.steps):
-            state.train_on(images, labels)
+            state.train_on([(images, labels)])
         synchronize(device)
         return 1000 * (time.perf_counter() - start) / args.steps
 

@@ -77,7 +77,7 @@ if [ "$CompileTime" = yes ]; then  # the first step's seconds (graph compiling o
   compile_time=$(awk -F': ' '/"first_step_s"/ {sub(/,$/, "", $2); printf "%.3f", $2}' "$out/run/summary.json")
 fi
 
-BatchSize=$(awk '/^  global_batch:/ {print $2}' "$out/run/config.yaml")
+BatchSize=$(awk '/^derived:/ {derived = 1} derived && /^  global_batch:/ {print $2}' "$out/run/config.yaml")
 DeviceType=$(uname -m)
 CaseName="${Network}_bs${BatchSize}_${RankSize}p_${Kind}"
 TrainingTime=$(awk "BEGIN {printf \"%.2f\", $BatchSize * 1000 / $FPS}")
