@@ -152,7 +152,11 @@ class TrainingState:
         self.notes += step.precision.load_state_dict(checkpoint.get("amp") or {})
         if step.ema is not None and checkpoint.get("ema"):
             step.ema.load_state_dict(checkpoint["ema"])
+        own_lrs = self.scheduler.base_lrs  # derived.lr: this run's optim.lr at its global batch
         self.scheduler.load_state_dict(checkpoint["scheduler"])
+        self.scheduler.base_lrs = own_lrs
+        for group, lr in zip(step.optimizer.param_groups, own_lrs):
+            group["initial_lr"] = lr
         self.epoch, self.epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
         # written before these were recorded: counted as the position, and an epoch's last step
         # not validated (a save after validation has begun the next epoch, or stopped short of it)
@@ -163,7 +167,9 @@ class TrainingState:
                                                                                    self.global_step)
         if self.epoch_step and self.cfg["train"]["resume_next_epoch"] and not self.awaiting_validation:
             self.epoch, self.epoch_step = self.epoch + 1, 0  # the rest of the epoch is skipped
-            self.step_schedule(at=self.epoch * self.steps_per_epoch)  # the next epoch's first step
+        # the LR of this position in this run's steps (another global batch at an epoch's end has
+        # other steps an epoch than the checkpoint's schedule counted)
+        self.step_schedule(at=self.epoch * self.steps_per_epoch + self.epoch_step)
         return True
 
     def load_optimizer(self, saved):
@@ -231,7 +237,7 @@ def with_checkpoints_global_batch(cfg, checkpoint, path):
     per_step = cfg["derived"]["world_size"] * cfg["data"]["batch_size"]
     if global_batch % per_step == 0:
         return with_global_batch(cfg, global_batch)
-    if checkpoint.get("epoch_step"):
+    if checkpoint.get("epoch_step") and not skips_the_epochs_rest(cfg, checkpoint):
         processes = cfg["derived"]["world_size"]
         raise UsageError(f"{path}: stopped mid-epoch at global batch {global_batch}, which {processes} "
                          f"process(es) x data.batch_size {cfg['data']['batch_size']} cannot fill; give a "
@@ -246,7 +252,7 @@ def changes_since(state, checkpoint):
     notes = []
     was, now = split_of(checkpoint.get("config") or {}), split_of(state.cfg)
     if None not in was and was != now:
-        same = was[3:] == now[3:]
+        same = was[3] == now[3]
         notes.append(f"the checkpoint trained with {was[0]} process(es) x data.batch_size {was[1]} x {was[2]} "
                      f"forward(s) = global batch {was[3]}, lr {was[4]:g}; this run has {now[0]} x {now[1]} x "
                      f"{now[2]} = {now[3]}, lr {now[4]:g}" + (", the same global batches" if same else
@@ -283,7 +289,7 @@ def check_resumable(state, checkpoint, path):
                          f"(optim.name); {weights_only}")
     was, now = split_of(checkpoint.get("config") or {})[3], state.cfg["derived"]["global_batch"]
     epoch, epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
-    if epoch_step and was is not None and was != now:
+    if epoch_step and was is not None and was != now and not skips_the_epochs_rest(state.cfg, checkpoint):
         raise UsageError(f"{path}: stopped mid-epoch (global step {epoch_step}) at global batch {was}; this run's is "
                          f"{now}, so the epoch would go on from another place; leave train.grad_accum_steps and "
                          f"data.global_batch at auto to keep the checkpoint's, or resume from a checkpoint written "
@@ -298,6 +304,12 @@ def check_resumable(state, checkpoint, path):
     if groups != own:
         raise UsageError(f"{path}: its optimizer has parameter groups of {groups} tensors, this "
                          f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
+
+
+def skips_the_epochs_rest(cfg, checkpoint):
+    """Whether a resume of ``checkpoint``, stopped mid-epoch, goes on at the next epoch's start
+    (train.resume_next_epoch; not a checkpoint of an epoch's last step, whose validation is due)."""
+    return cfg["train"]["resume_next_epoch"] and checkpoint.get("validated", True)
 
 
 def split_of(cfg):

@@ -307,6 +307,29 @@ def test_resume_with_another_batch_keeps_the_global_batch_or_says_what_changes(t
     assert ("this run has 1 x 16 x 1 = 16, lr 0.1, and so another data order") in capsys.readouterr().out
 
 
+def test_a_resume_trains_at_its_own_lr_from_its_own_position_in_the_schedule(digits, tmp_path, capsys):
+    """The LR a resume trains with is this run's: optim.lr as given, and at another global batch
+    (11 steps an epoch at 128, 5 at 256) the schedule's position in this run's steps, as a fresh
+    run at 256 has it; a run stopped mid-epoch goes on at another global batch with
+    train.resume_next_epoch (from the next epoch's first step)."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    at_128 = ["train.max_steps_per_epoch=0", "data.batch_size=128"]
+    assert run(digits, whole, *at_128, "--epochs", "1") == 0
+    assert run(digits, cut, *at_128, "--epochs", "2", "train.max_steps=3") == 0
+    at_256 = ["train.max_steps_per_epoch=0", "data.batch_size=256", "--epochs", "3", "--resume", "auto"]
+    assert run(digits, cut, *at_256, "train.max_steps=4") == 2
+    assert "stopped mid-epoch at global batch 128" in capsys.readouterr().err
+    for out, extra in ((whole, ["optim.lr=0.05", "train.max_steps=12"]),  # one step more
+                       (cut, ["train.resume_next_epoch=true", "train.max_steps=4"])):
+        capsys.readouterr()
+        assert run(digits, out, *at_256, *extra) == 0
+        checkpoint = load_checkpoint(out / "checkpoints" / "last.pt")
+        lr = 0.05 if out == whole else 0.1
+        assert checkpoint["scheduler"]["base_lrs"] == [lr], capsys.readouterr().out
+        assert checkpoint["scheduler"]["last_epoch"] == 5 + 1  # epoch 1 of 5 steps, and its first step
+        assert [g["initial_lr"] for g in checkpoint["optimizer"]["param_groups"]] == [lr]
+
+
 @pytest.mark.parametrize("damage", ["missing", "cut short"])
 def test_a_finished_run_without_its_summary_writes_it_again_on_resume(two_epochs, digits, capsys, damage):
     """Every ending that exits 0 leaves what a finished run leaves: a summary.json lost to a crash
