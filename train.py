@@ -23,4 +23,5 @@ if __name__ == "__main__":
     code = main(ending=True)  # the run is over and has said how: a late signal must not change that
     from mobilenet.watchdog import kill_loader_workers
     kill_loader_workers()  # a stuck one would hold Python's exit forever
-    sys.exit(code)
+    from mobilenet.distributed import exit_process
+    exit_process(code)

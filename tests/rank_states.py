@@ -16,7 +16,7 @@ import torch
 from mobilenet import checkpoint as ckpt
 from mobilenet.behaviours.rank_agreement import check_ranks_agree
 from mobilenet.cli import build_parser, config_from_args
-from mobilenet.distributed import destroy, init_process_group, world_from_env
+from mobilenet.distributed import destroy, exit_process, init_process_group, world_from_env
 from mobilenet.engine import build_run, fit
 from mobilenet.errors import TrainingFailure
 from mobilenet.logging import RunLogger
@@ -148,3 +148,4 @@ def main(out, data, variants):
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], json.loads(Path(sys.argv[3]).read_text()))
+    exit_process(0)  # as train.py ends: torch's teardown of the group may abort the process

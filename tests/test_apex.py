@@ -1,6 +1,7 @@
 """ModelZoo's path, apex amp with apex's NpuFusedSGD, run on cpu under tests/standin_apex.py (a
 stand-in written from Ascend apex's source; it tests our wiring, not apex's kernels)."""
 import json
+import os
 import re
 import sys
 import types
@@ -244,6 +245,7 @@ def accumulate_on_a_rank(rank, init, out):
     step.accumulated(parts(4)[2 * rank:2 * rank + 2])
     torch.save(masters(step), out / f"{rank}.pt")
     torch.distributed.destroy_process_group()
+    os._exit(0)  # as train.py ends (mobilenet.distributed.exit_process): torch's teardown may abort it
 
 
 def test_apex_on_two_processes_accumulates_what_one_process_does(apex, tmp_path):
