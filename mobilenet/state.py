@@ -155,8 +155,6 @@ class TrainingState:
         own_lrs = self.scheduler.base_lrs  # derived.lr: this run's optim.lr at its global batch
         self.scheduler.load_state_dict(checkpoint["scheduler"])
         self.scheduler.base_lrs = own_lrs
-        for group, lr in zip(step.optimizer.param_groups, own_lrs):
-            group["initial_lr"] = lr
         self.epoch, self.epoch_step = checkpoint["epoch"], checkpoint["epoch_step"]
         # written before these were recorded: counted as the position, and an epoch's last step
         # not validated (a save after validation has begun the next epoch, or stopped short of it)
@@ -175,8 +173,8 @@ class TrainingState:
     def load_optimizer(self, saved):
         """``saved`` (an optimizer state dict) into the optimizer, whose settings stay this run's
         (torch's load_state_dict takes the checkpoint's: its momentum, weight decay, its foreach or
-        fused flag); the LR stays the schedule's. A note for each optim.* setting the checkpoint had
-        another value of."""
+        fused flag, its LR; the LR is the schedule's). A note for each optim.* setting the checkpoint
+        had another value of."""
         optimizer = self.train_step.optimizer
         own = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
         optimizer.load_state_dict(saved)
@@ -184,8 +182,6 @@ class TrainingState:
         notes = {}
         for group, settings in zip(optimizer.param_groups, own):
             for key, value in settings.items():
-                if key in ("lr", "initial_lr"):  # the schedule's
-                    continue
                 if group.get(key) != value and key in named:
                     notes.setdefault(key, f"optim.{key}: the checkpoint's optimizer had {group.get(key)}, "
                                           f"this run's is {value} (config.yaml), which it trains with")
@@ -227,8 +223,7 @@ def with_checkpoints_global_batch(cfg, checkpoint, path):
     auto, its global batch (and so its LR) is kept on any number of processes, which accumulate
     as many forwards as fill it. One that this run's processes cannot fill stops a resume
     mid-epoch in one line; at an epoch's end the run goes on at its own (changes_since says so)."""
-    saved = ((checkpoint or {}).get("config") or {}).get("derived") or {}
-    global_batch = saved.get("global_batch")
+    global_batch = split_of((checkpoint or {}).get("config") or {})[3]
     auto = cfg["train"]["grad_accum_steps"] == "auto" and cfg["data"]["global_batch"] == "auto"
     if not (ckpt.is_training_checkpoint(checkpoint or {}) and auto and isinstance(global_batch, int)):
         return cfg

@@ -4,9 +4,8 @@ from pathlib import Path
 
 from mobilenet.behaviours.base import Behaviour
 from mobilenet.distributed import from_rank0
-from mobilenet.validation import accuracy_line
 from mobilenet.summary import read_summary, write_summary
-from mobilenet.validation import validate
+from mobilenet.validation import accuracy_line, validate
 
 
 class LostSummary(Behaviour):

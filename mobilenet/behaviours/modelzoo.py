@@ -27,10 +27,7 @@ def continue_from(r, checkpoint):
     misfit = optimizer_misfit(checkpoint.get("optimizer"), state.train_step.optimizer, r.cfg["optim"]["name"])
     if misfit:
         return [f"its optimizer state ({misfit})", *left]
-    lrs = [group["lr"] for group in state.train_step.optimizer.param_groups]
-    state.load_optimizer(checkpoint["optimizer"])
-    for group, lr in zip(state.train_step.optimizer.param_groups, lrs):
-        group["lr"] = lr  # the schedule's, for that epoch
+    state.load_optimizer(checkpoint["optimizer"])  # the LR stays the schedule's, for that epoch
     return left
 
 
