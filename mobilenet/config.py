@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from mobilenet.amp import LEVELS
-from mobilenet.compiling import without_cuda_graphs
+from mobilenet.device import without_cuda_graphs
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
 from mobilenet.model import MODELS, OPTIONAL as MODEL_OPTIONAL, last_side, model_row, relative_cost
@@ -365,7 +365,7 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     """
     from mobilenet.amp import choose_backend
     from mobilenet.data.sources import auto_workers
-    from mobilenet.compiling import choose_compile
+    from mobilenet.device import choose_compile
     from mobilenet.device import choose_device
     from mobilenet.distributed import world_from_env
     from mobilenet.optim import choose_implementation, describe_optimizer

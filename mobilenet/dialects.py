@@ -12,7 +12,7 @@ import os
 from mobilenet.amp import LEVELS as AMP_LEVELS
 from mobilenet.errors import UsageError
 from mobilenet.model import MODELS, model_name
-from mobilenet.profile import PROFILED_STEPS
+from mobilenet.measure import PROFILED_STEPS
 
 # Launcher flags of those scripts that cannot keep their meaning in one train.py process: each is
 # refused, naming what to run instead (train.sh maps --addr and --device-list itself).

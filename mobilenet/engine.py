@@ -19,7 +19,8 @@ import torch
 from mobilenet import checkpoint as ckpt
 from mobilenet.behaviours import behaviours_for
 from mobilenet.config import differing_settings
-from mobilenet.data import build_datasets, build_loaders
+from mobilenet.data.datasets import build_loaders
+from mobilenet.data.sources import build_datasets
 from mobilenet.data.datasets import WorkerSignals, data_changes, data_record
 from mobilenet.device import open_device
 from mobilenet.distributed import (any_rank, any_rank_restarted, destroy, every_rank, host_group, init_process_group,
@@ -27,9 +28,9 @@ from mobilenet.distributed import (any_rank, any_rank_restarted, destroy, every_
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
 from mobilenet.logging import RunLogger, progress_line, run_description
 from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown
-from mobilenet.profile import named_phase, profiler
+from mobilenet.measure import named_phase, profiler
 from mobilenet.state import TrainingState, choose_checkpoint, with_checkpoints_global_batch
-from mobilenet.summary import read_summary, write_summary
+from mobilenet.validation import read_summary, write_summary
 from mobilenet.training import TrainStep
 from mobilenet.validation import Accuracy, accuracy_line, validate
 from mobilenet.watchdog import Watchdog, kill_loader_workers

@@ -39,7 +39,8 @@ def validate(args):
 
     from mobilenet.checkpoint import load_checkpoint
     from mobilenet.config import build_config
-    from mobilenet.data import DevicePrefetcher, build_datasets
+    from mobilenet.data.sources import build_datasets
+    from mobilenet.training import DevicePrefetcher
     from mobilenet.device import choose_device, open_device
     from mobilenet.validation import accuracy
     from mobilenet.model import model_from_checkpoint, output_classes

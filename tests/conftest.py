@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mobilenet.data import build_digits
+from mobilenet.data.sources import build_digits
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ import torch
 
 from conftest import ROOT, TINY, train_sh
 from mobilenet.checkpoint import load_checkpoint
-from mobilenet.data.samplers import ResumableSampler
+from mobilenet.data.datasets import ResumableSampler
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 RUN = ["--config", "configs/demo.yaml", *TINY, "data.batch_size=16", "data.cache_mb=0", "train.log_every=2",

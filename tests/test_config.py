@@ -226,7 +226,7 @@ NO_WORKERS = [setting for setting in TINY if not setting.startswith("data.worker
 
 
 def test_workers_auto_shares_the_usable_cores_among_the_node_processes(tmp_path, digits):
-    from mobilenet.host import usable_cores
+    from mobilenet.device import usable_cores
     from mobilenet.data.sources import auto_workers
     folder, synthetic = {"path": "/imagenet", "cache_mb": 0}, {"path": "synthetic", "cache_mb": 0}
     assert [auto_workers(folder, processes, cores=16) for processes in (1, 2, 8, 16, 32)] == [15, 7, 1, 0, 0]
@@ -295,7 +295,7 @@ def test_decode_auto_takes_the_workers_off_cuda_and_says_why():
 
 
 def test_compile_auto_compiles_where_it_pays_and_says_why():
-    from mobilenet.compiling import COMPILE_MAX_SHARE, COMPILE_SECONDS, EAGER_HOST_STEP_S, choose_compile
+    from mobilenet.device import COMPILE_MAX_SHARE, COMPILE_SECONDS, EAGER_HOST_STEP_S, choose_compile
 
     def choose(setting, device, seconds, **given):  # a run of ``seconds`` at the host's floor per step
         return choose_compile(setting, device, steps=lambda limit: min(limit, int(seconds / EAGER_HOST_STEP_S)),

@@ -17,7 +17,8 @@ from PIL import Image
 import train
 from conftest import ROOT, TINY, run_train
 from mobilenet.checkpoint import load_checkpoint
-from mobilenet.data import ImageFolderRGB, val_transform
+from mobilenet.data.datasets import ImageFolderRGB
+from mobilenet.data.transforms import val_transform
 
 
 def png_header_only(path, width, height):

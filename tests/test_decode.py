@@ -11,7 +11,7 @@ from torchvision import transforms
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2.functional import resized_crop
 
-from mobilenet.data import EncodedImage, TrainCrop, ValCrop, largest_reduction
+from mobilenet.data.transforms import EncodedImage, TrainCrop, ValCrop, largest_reduction
 
 
 def write_gradient_jpeg(path, width, height):
@@ -82,7 +82,8 @@ def test_val_crop_is_torchvisions_resize_and_centre_crop(tmp_path, width, height
 
 def test_the_decoded_cache_changes_no_sample(tmp_path, digits):
     """data.cache_mb: the same pixels as reading again, at full and at reduced scale."""
-    from mobilenet.data import ImageFolderRGB, train_transform
+    from mobilenet.data.datasets import ImageFolderRGB
+    from mobilenet.data.transforms import train_transform
     for i in range(4):  # large enough for reduced-scale decoding
         folder = tmp_path / "big" / "train" / "x"
         folder.mkdir(parents=True, exist_ok=True)

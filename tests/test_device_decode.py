@@ -12,8 +12,8 @@ from PIL import Image
 import train
 from conftest import TINY, assert_same_weights
 from mobilenet.data.datasets import ImageFolderRGB
-from mobilenet.data.crops import train_transform, val_transform
-from mobilenet.data.decode import largest_reduction
+from mobilenet.data.transforms import train_transform, val_transform
+from mobilenet.data.transforms import largest_reduction
 from mobilenet.data.device_decode import DeviceDecoder, Encoded, ScreenedCrop, collate, is_baseline
 
 CPU = torch.device("cpu")

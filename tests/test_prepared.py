@@ -14,8 +14,8 @@ from PIL import Image
 
 import train
 from conftest import ROOT, TINY, assert_same_weights, process_tree
-from mobilenet.data import ImageFolderRGB
-from mobilenet.data.crops import train_transform
+from mobilenet.data.datasets import ImageFolderRGB
+from mobilenet.data.transforms import train_transform
 from mobilenet.data.prepare import prepare
 from mobilenet.data.prepared import PreparedImages
 

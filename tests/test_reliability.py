@@ -15,7 +15,8 @@ import train
 from conftest import ROOT, TINY, run_train
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.errors import UsageError
-from mobilenet.data import ImageFolderRGB, val_transform
+from mobilenet.data.datasets import ImageFolderRGB
+from mobilenet.data.transforms import val_transform
 
 SAVER = """
 import sys, torch

@@ -8,7 +8,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train
 from conftest import ROOT, TINY
 from mobilenet.checkpoint import load_checkpoint
-from mobilenet.data import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, SyntheticImages
+from mobilenet.data.datasets import SyntheticImages
+from mobilenet.training import DevicePrefetcher, IMAGENET_MEAN, IMAGENET_STD
 
 
 def train_digits(digits, out, *extra):

@@ -3,7 +3,7 @@ to do when the loader stays the bottleneck. Their inputs are resolved once, when
 from mobilenet.behaviours.base import Behaviour
 from mobilenet.data.sources import source_of
 from mobilenet.distributed import world_from_env
-from mobilenet.host import cpu_bf16_features, usable_cores
+from mobilenet.device import cpu_bf16_features, usable_cores
 from mobilenet.model import multiply_adds
 
 

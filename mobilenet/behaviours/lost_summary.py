@@ -4,7 +4,7 @@ from pathlib import Path
 
 from mobilenet.behaviours.base import Behaviour
 from mobilenet.distributed import from_rank0
-from mobilenet.summary import read_summary, write_summary
+from mobilenet.validation import read_summary, write_summary
 from mobilenet.validation import accuracy_line, validate
 
 

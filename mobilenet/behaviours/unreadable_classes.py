@@ -5,7 +5,7 @@ import torch
 
 from mobilenet.behaviours.base import Behaviour
 from mobilenet.data.datasets import unreadable_flags
-from mobilenet.summary import unreadable_anywhere
+from mobilenet.validation import unreadable_anywhere
 
 
 class UnreadableClasses(Behaviour):

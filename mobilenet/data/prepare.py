@@ -21,10 +21,10 @@ import simplejpeg
 import torch
 
 from mobilenet.data.datasets import ImageFolderRGB, image_folder, read_regular_file, same_classes
-from mobilenet.data.decode import EncodedImage, largest_reduction, resize
+from mobilenet.data.transforms import EncodedImage, largest_reduction, resize
 from mobilenet.data.prepared import FORMAT, MANIFEST, RECIPE, index_problem, is_prepared, manifest_problem
 from mobilenet.errors import STOP_SIGNALS, TrainingFailure, UsageError
-from mobilenet.host import usable_cores
+from mobilenet.device import usable_cores
 
 SHARD = 4096  # images per shard file: a rerun redoes at most one
 

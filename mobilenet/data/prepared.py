@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy
 
 from mobilenet.data.datasets import ImageSamples
-from mobilenet.data.decode import EncodedImage
+from mobilenet.data.transforms import EncodedImage
 from mobilenet.errors import UsageError
 
 MANIFEST = "prepared.json"

@@ -6,16 +6,19 @@ settings it takes. Every dataset gives its own data record (record_lines) and it
 which the resumable shuffle runs. Adding a source is one entry, wherever it stands."""
 import itertools
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from PIL import Image
+
 from mobilenet.data import prepared
+from mobilenet.data.transforms import train_transform, val_transform
 from mobilenet.data.datasets import EncodedImage, SyntheticImages, checked, image_folder, read_regular_file
-from mobilenet.data.crops import train_transform, val_transform
-from mobilenet.data.demo import DIGITS_ROOT, TRAIN_IMAGES as DIGITS_TRAIN_IMAGES, build_digits
+from mobilenet.device import usable_cores
 from mobilenet.errors import UsageError
-from mobilenet.host import usable_cores
 
 
 @dataclass(frozen=True)
@@ -178,3 +181,39 @@ def auto_workers(data, processes, cores=None):
             return 0
     workers = max(0, (cores or usable_cores()) // max(1, processes) - 1)
     return min(workers, SYNTHETIC_WORKERS) if source is SOURCES["synthetic"] else workers
+
+
+DIGITS_ROOT = Path(__file__).resolve().parents[2] / "data" / "digits"
+DIGITS_TRAIN_IMAGES = 1437  # of the 1,797, with build_digits' val_fraction 0.2
+
+
+def build_digits(root=DIGITS_ROOT, size=32, val_fraction=0.2, seed=0):
+    """Writes scikit-learn's 1,797 handwritten digits (real scans, 8x8) as an ImageFolder of JPEGs.
+
+    Stratified train/val split; built in a temporary folder and renamed, so it is never partial.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = (digits.images * (255 / 16)).round().astype("uint8")
+    split = train_test_split(range(len(images)), test_size=val_fraction, random_state=seed,
+                             stratify=digits.target)
+    root = Path(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=".digits-"))
+    for subset, indices in zip(("train", "val"), split):
+        for i in indices:
+            folder = tmp / subset / str(digits.target[i])
+            folder.mkdir(parents=True, exist_ok=True)
+            image = Image.fromarray(images[i]).resize((size, size), Image.BILINEAR).convert("RGB")
+            image.save(folder / f"{i:04d}.jpg", quality=95)
+    try:
+        os.rename(tmp, root)
+    except OSError:  # built meanwhile by another process
+        shutil.rmtree(tmp)
+    return root
+
+
+if __name__ == "__main__":
+    print(build_digits())

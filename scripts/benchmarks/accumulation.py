@@ -22,7 +22,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=8)
     args, overrides = p.parse_known_args(argv)
     from benchmarks.harness import interleave, markdown_table, training_img_per_s, write_json
-    from mobilenet.host import cpu_model
+    from mobilenet.device import cpu_model
     a, b = args.accumulation, args.batch_size
     common = [f"model.width_mult={args.width}", f"model.resolution={args.resolution}", "data.workers=0", *overrides]
     cases = {f"plain steps of {b}": [f"data.batch_size={b}"],

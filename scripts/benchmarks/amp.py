@@ -26,7 +26,7 @@ def main(argv=None):
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--steps", type=int, default=12)
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.host import cpu_bf16_features, cpu_model
+    from mobilenet.device import cpu_bf16_features, cpu_model
     from benchmarks.harness import interleave, markdown_table, training_img_per_s, write_json
     variants = {}
     for model in args.models:

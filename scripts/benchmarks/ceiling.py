@@ -64,7 +64,9 @@ class PlainLoop:
 
     def __init__(self, case, cfg, device):
         import torch
-        from mobilenet.data import IMAGENET_MEAN, IMAGENET_STD, build_datasets, build_loaders
+        from mobilenet.data.datasets import build_loaders
+        from mobilenet.data.sources import build_datasets
+        from mobilenet.training import IMAGENET_MEAN, IMAGENET_STD
         from mobilenet.errors import UsageError
         from mobilenet.model import MobileNetV1
         from mobilenet.optim import build_optimizer
@@ -181,7 +183,7 @@ def main(argv=None):
     args, overrides = p.parse_known_args(argv)
     from mobilenet.config import build_config, resolve
     from mobilenet.device import choose_device, describe, open_device
-    from mobilenet.host import cpu_model
+    from mobilenet.device import cpu_model
     from mobilenet.errors import UsageError
     from benchmarks.harness import interleave, interval_note, markdown_table, training_img_per_s, write_json
     cases = [parse_case(text) for text in args.cases]

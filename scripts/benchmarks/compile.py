@@ -29,7 +29,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--log-every", type=int, default=4)
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.host import cpu_model
+    from mobilenet.device import cpu_model
     from benchmarks.harness import interleave, markdown_table, training_img_per_s, write_json
     variants = {}
     for model in args.models:

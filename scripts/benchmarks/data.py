@@ -29,7 +29,9 @@ def pipelines(root, resolution):
     from torchvision import datasets, transforms
     from torchvision.transforms import v2
 
-    from mobilenet.data import IMAGENET_MEAN, IMAGENET_STD, ImageFolderRGB, train_transform
+    from mobilenet.data.datasets import ImageFolderRGB
+    from mobilenet.data.transforms import train_transform
+    from mobilenet.training import IMAGENET_MEAN, IMAGENET_STD
     folder = Path(root) / "train"
     default = datasets.ImageFolder(folder, transforms.Compose([
         transforms.RandomResizedCrop(resolution), transforms.RandomHorizontalFlip(),

@@ -71,7 +71,7 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=30)
     args, overrides = p.parse_known_args(argv)
-    from mobilenet.host import cpu_model
+    from mobilenet.device import cpu_model
     from benchmarks.harness import interleave, markdown_table, write_json
     variants, ops = {}, {}
     for impl in ("loop", "torch_fused"):

@@ -55,7 +55,7 @@ def stored_kb(root):
 
 
 def train_set(root, resolution):
-    from mobilenet.data import build_datasets
+    from mobilenet.data.sources import build_datasets
     data = {"path": str(root), "min_scale": 0.08, "hflip": True, "strict": False, "cache_mb": 0,
             "val_resize_ratio": 0.875}
     train, _ = build_datasets(data, {"resolution": resolution, "num_classes": len(classes_of(root))})
@@ -72,7 +72,7 @@ def classes_of(root):
 def stage_costs(dataset, resolution, batch):
     """A function returning {stage: ms of one core per image} over every image of ``dataset``."""
     import torch
-    from mobilenet.data.decode import largest_reduction, resize
+    from mobilenet.data.transforms import largest_reduction, resize
 
     crop = dataset.transform
 
@@ -112,7 +112,7 @@ def stage_costs(dataset, resolution, batch):
 def feed_rate(dataset, batch, workers):
     """A function returning the img/s the app's train loader delivers with ``workers`` workers,
     from its first batch to the end of the second epoch."""
-    from mobilenet.data import build_loaders
+    from mobilenet.data.datasets import build_loaders
     loader, _ = build_loaders(dataset, dataset, {"batch_size": batch, "val_batch_size": batch}, seed=0,
                               workers=workers)
 
@@ -131,7 +131,7 @@ def feed_rate(dataset, batch, workers):
 
 def main(argv=None):
     from benchmarks.harness import benchmark_parser, write_json
-    from mobilenet.host import cpu_model, usable_cores
+    from mobilenet.device import cpu_model, usable_cores
     p = benchmark_parser(__doc__, rounds=3)
     p.add_argument("--data", help="an ImageFolder root with train/ and val/ (default: written photos)")
     p.add_argument("--images", type=int, default=768, help="photos to write (without --data)")

@@ -27,7 +27,8 @@ def from_memory(args, overrides):
     """A function returning the img/s of the TrainStep and the LR schedule over batches that the
     loader made beforehand."""
     from mobilenet.config import resolve
-    from mobilenet.data import build_datasets, build_loaders
+    from mobilenet.data.datasets import build_loaders
+    from mobilenet.data.sources import build_datasets
     from mobilenet.device import open_device, synchronize
     from mobilenet.state import TrainingState
     cfg = resolve(build(args, overrides))

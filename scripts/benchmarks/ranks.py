@@ -53,7 +53,7 @@ def timed(args, overrides, impl, level):
 
 def main(argv=None):
     from benchmarks.harness import benchmark_parser, interleave, markdown_table, write_json
-    from mobilenet.host import cpu_model
+    from mobilenet.device import cpu_model
     p = benchmark_parser(__doc__)
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--resolution", type=int, default=32)
