@@ -3,7 +3,7 @@ main.py, which train.py speaks beside its own (mobilenet/cli.py): each flag set 
 with the meaning it has there, per-node values converted to per process (said in
 derived.command_line), their launcher flags refused with what to run instead, and ModelZoo's own
 way of starting the processes of a job (--distributed, RANK_SIZE and RANK_ID). A ModelZoo
-checkpoint's continuation on --resume is mobilenet/behaviours/modelzoo.py's.
+checkpoint's continuation on --resume is mobilenet/resume.py's.
 """
 import argparse
 import math

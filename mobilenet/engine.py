@@ -3,9 +3,9 @@
 The core's way: ``run`` (the device and the world, the run directory, ``build_run``, every process
 checked against rank 0, the resume), then ``fit``: epochs of ``train_one_epoch`` (the steps, the
 progress line at each log interval) and ``end_epoch`` (validation, the checkpoint) until the run
-is finished, and its summary. The behaviours a run can do without are entered at four named points
-(mobilenet/behaviours): the start, each resume of a foreign checkpoint, each log interval, each
-epoch's end.
+is finished, and its summary. Whether and how a checkpoint is resumed is mobilenet/resume.py's (two
+calls). The behaviours a run can do without are entered at three named points (mobilenet/behaviours,
+``enter``): the start, each log interval, each epoch's end.
 """
 import math
 import signal
@@ -17,8 +17,9 @@ from typing import NamedTuple
 import torch
 
 from mobilenet import checkpoint as ckpt
+from mobilenet import resume as resume_policy
 from mobilenet.behaviours import behaviours_for
-from mobilenet.config import differing_settings
+from mobilenet.config import differing_settings, thaw
 from mobilenet.data.datasets import build_loaders
 from mobilenet.data.sources import build_datasets
 from mobilenet.data.datasets import WorkerSignals, data_changes, data_record
@@ -29,7 +30,7 @@ from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_sig
 from mobilenet.logging import RunLogger, progress_line, run_description
 from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown
 from mobilenet.measure import named_phase, profiler
-from mobilenet.state import TrainingState, choose_checkpoint, with_checkpoints_global_batch
+from mobilenet.state import TrainingState
 from mobilenet.validation import read_summary, write_summary
 from mobilenet.training import TrainStep
 from mobilenet.validation import Accuracy, accuracy_line, validate
@@ -42,8 +43,7 @@ class Run:
     cfg: dict
     world: object
     device: torch.device
-    state: TrainingState       # the position, the schedule and the checkpoint: everything a resume restores
-    step: TrainStep            # state.train_step: what trains
+    state: TrainingState       # the step, the position, the schedule: everything a checkpoint holds
     train_loader: object
     val_loader: object
     log: RunLogger
@@ -52,6 +52,11 @@ class Run:
     clock: RunClock            # the first step, compiling steps, the last validation
     behaviours: list           # entered at the named points (mobilenet/behaviours)
     breakdown: StepBreakdown | None = None
+
+    @property
+    def step(self) -> TrainStep:
+        """What trains: the state's TrainStep."""
+        return self.state.step
 
 
 STUCK_DATA_WAIT_S = 5.0  # a stop signal during a data wait this long stops at once (a stuck loader)
@@ -152,22 +157,16 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
             log = RunLogger(Path(cfg["output"]), enabled=world.is_main)
             if restarted:
                 log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
-            chosen = (None, None)
             if resume:  # first: its global batch is kept, on any number of processes
-                chosen = choose_checkpoint(cfg, resume, fallback=fallback, evaluate_only=evaluate_only, say=log.info)
-                if not evaluate_only:
-                    cfg = with_checkpoints_global_batch(cfg, chosen[1], chosen[0])
+                cfg, chosen = resume_policy.prepare(cfg, resume, fallback=fallback, evaluate_only=evaluate_only,
+                                                    say=log.info)
             r = build_run(cfg, world, device, log)
             check_same_job(r)
             if resume:
-                r.state.resume(chosen, evaluate_only=evaluate_only, say=r.log.info,
-                               foreign=lambda path, checkpoint: taken_by_behaviour(r, path, checkpoint))
+                resume_policy.restore(r, chosen, evaluate_only=evaluate_only)
             if evaluate_only:
                 return evaluate_only_run(r)
-            for behaviour in r.behaviours:  # the start
-                ended = behaviour.at_start(r)
-                if ended is not None:
-                    return ended
+            enter(r, "at_start")
             if r.state.finished and not r.state.awaiting_validation:
                 return already_complete(r)
             r.log.start(config=r.cfg, resumed_at=r.state.resumed_at)  # once the run is known to start
@@ -186,17 +185,18 @@ def build_run(cfg, world, device, log):
                                              accumulation=derived["grad_accum_steps"])
     limit = cfg["train"]["max_steps_per_epoch"]
     steps = min(train_loader.sampler.steps, limit) if limit > 0 else train_loader.sampler.steps
-    state = TrainingState(cfg, device, steps, rank=world.rank)
-    state.data = {"train": data_record(train_set), "val": data_record(val_set)}
+    state = TrainingState(cfg, device, steps, rank=world.rank,
+                          records={"config": thaw(cfg), "data": {"train": data_record(train_set),
+                                                                  "val": data_record(val_set)}})
     for line in run_description(cfg, device=device, images=(len(train_set), len(val_set)), steps=steps):
         log.info(line)
     breakdown = StepBreakdown(device) if cfg["train"]["measure_breakdown"] else None
     if breakdown is not None:
-        state.train_step.phase = breakdown.phase
+        state.step.phase = breakdown.phase
     elif cfg["train"]["profile"]:  # the phases as ranges in the trace
-        state.train_step.phase = named_phase
+        state.step.phase = named_phase
     watchdog = Watchdog(cfg["train"]["stall_timeout"], world, data["path"], Path(cfg["output"]) / "checkpoints")
-    return Run(cfg, world, device, state, state.train_step, train_loader, val_loader, log, worker_signals,
+    return Run(cfg, world, device, state, train_loader, val_loader, log, worker_signals,
                watchdog, RunClock(compiled=derived["compile"] is not None), behaviours_for(cfg), breakdown)
 
 
@@ -219,13 +219,12 @@ def check_same_job(r):
                              f"same copy of the dataset")
 
 
-def taken_by_behaviour(r, path, checkpoint):
-    """The notes of the first behaviour that takes a checkpoint the core took weights from only, or None."""
+def enter(r, point, *args):
+    """The behaviours' named ``point`` (at_start, at_log, at_epoch_end), in the list's order; a
+    behaviour that does not define it is passed over."""
     for behaviour in r.behaviours:
-        notes = behaviour.at_resume(r, path, checkpoint)
-        if notes is not None:
-            return notes
-    return None
+        if hasattr(behaviour, point):
+            getattr(behaviour, point)(r, *args)
 
 
 def evaluate_only_run(r):
@@ -363,22 +362,20 @@ def log_interval(r, loss, interval):
                              extras=extras))
     r.log.scalars("train", state.global_step, epoch=state.epoch, loss=loss, lr=lr,
                   img_per_s=interval.img_per_s, data_wait=interval.data_wait, **extras)
-    for behaviour in r.behaviours:  # each log interval
-        behaviour.at_log(r, interval)
+    enter(r, "at_log", interval)
 
 
 def end_epoch(r, saver, epoch_seconds):
     """Validation, its log lines and records, the behaviours' epoch-end point and the epoch's
     checkpoints; returns the results. An epoch that train.max_steps cut short is validated and
     saved at the step it reached. Every rank validates what rank 0 saves (its BatchNorm statistics)."""
-    r.state.sync_buffers()
+    r.step.sync_buffers()
     val_start = time.perf_counter()
     results = validate(r)
     r.clock.val_seconds = time.perf_counter() - val_start
-    for behaviour in r.behaviours:  # each epoch's end: after validation, before the save
-        behaviour.at_epoch_end(r, results)
+    enter(r, "at_epoch_end", results)  # after validation, before the save
     epoch, own = r.state.epoch, results[""]
-    is_best = r.state.end_epoch(own.top1, own.scored)
+    is_best = r.state.validated(own.top1, own.scored)
     r.log.info(accuracy_line(own.top1, own.top5, f"epoch {epoch}, best {r.state.best_top1:.3f}; {own.note()}"))
     ema = {}
     if "EMA" in results:

@@ -107,6 +107,14 @@ class TrainStep:
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()
 
+    def sync_buffers(self):
+        """Rank 0's BatchNorm statistics (the network's and the EMA's) on every rank, so that every
+        rank validates the model that rank 0 saves. Rank 0's, not an average: DDP broadcasts rank
+        0's buffers at each training forward already, so only the last step's batch differs, and
+        the EMA's average of them stays a function of rank 0's history, which a checkpoint holds
+        (a mid-epoch resume stays exact)."""
+        broadcast_from_rank0([*self.net.buffers(), *(self.ema.module.buffers() if self.ema else ())])
+
     def eval_nets(self):
         """{label: network} to validate: the network, and its EMA when there is one."""
         return {"": self.net, **({"EMA": self.ema.module} if self.ema is not None else {})}

@@ -32,7 +32,7 @@ def accuracy_line(top1, top5, note="", prefix=""):
 def validate(r):
     """{'': Accuracy} of the network, and {'EMA': ...} of its average when there is one, over
     ``r.val_loader``; each batch is a beat of ``r.watchdog``."""
-    step = r.state.train_step
+    step = r.step
     return {label: accuracy(net, watched(step.batches(r.val_loader), r.watchdog), step.precision.autocast,
                             r.device)
             for label, net in step.eval_nets().items()}

@@ -20,14 +20,14 @@ from mobilenet.distributed import destroy, exit_process, init_process_group, wor
 from mobilenet.engine import build_run, fit
 from mobilenet.errors import TrainingFailure
 from mobilenet.logging import RunLogger
-from mobilenet.state import choose_checkpoint
+from mobilenet.resume import prepare, restore
 
 
 def held_state(r):
     """What this rank holds: the checkpoint it would write (the RNG states, per rank by design,
     left out), the network as the step trains it (the half weights under O2), the tensors the
     optimizer updates (the masters) and the EMA's module."""
-    step = r.state.train_step
+    step = r.state.step
     checkpoint = {k: v for k, v in r.state.state_dict().items() if k not in ("rng", "data", "config")}
     return {"checkpoint": checkpoint, "network": step.net.state_dict(),
             "optimizer_params": [p.detach().clone() for p in step.optimizer_params()],
@@ -37,9 +37,11 @@ def held_state(r):
 def train(args, world, device, resume=None, before_fit=None):
     cfg = config_from_args(build_parser().parse_intermixed_args(args))
     with ckpt.claim_run_directory(cfg["output"], resume=resume, start_over=False, claim=world.is_main):
+        if resume:
+            cfg, chosen = prepare(cfg, resume)
         r = build_run(cfg, world, device, RunLogger(Path(cfg["output"]), enabled=world.is_main))
         if resume:
-            r.state.resume(choose_checkpoint(cfg, resume), say=r.log.info)
+            restore(r, chosen)
         if before_fit:
             before_fit(r)
         return r, fit(r)
@@ -86,14 +88,14 @@ def later_schedule(scheduler):
 # One fault in one part of what a rank holds, each the only difference between the ranks: {part:
 # (whether the variant has that part, the fault, applied on rank 1; returns its undo)}.
 FAULTS = {
-    "momentum": (lambda s: bool(s.train_step.optimizer.state),
-                 lambda s: swap_two(next(iter(s.train_step.optimizer.state.values()))["momentum_buffer"])),
-    "loss scale": (lambda s: getattr(s.train_step.precision, "scaler", None) is not None,
-                   lambda s: scaled(s.train_step.precision.scaler.scale, 2.0)),
-    "EMA": (lambda s: s.train_step.ema is not None,
-            lambda s: flip_opposite_signs(next(s.train_step.ema.module.parameters()))),
-    "half weights": (lambda s: next(s.train_step.net.parameters()).dtype == torch.float16,
-                     lambda s: swap_two(next(s.train_step.net.parameters()))),
+    "momentum": (lambda s: bool(s.step.optimizer.state),
+                 lambda s: swap_two(next(iter(s.step.optimizer.state.values()))["momentum_buffer"])),
+    "loss scale": (lambda s: getattr(s.step.precision, "scaler", None) is not None,
+                   lambda s: scaled(s.step.precision.scaler.scale, 2.0)),
+    "EMA": (lambda s: s.step.ema is not None,
+            lambda s: flip_opposite_signs(next(s.step.ema.module.parameters()))),
+    "half weights": (lambda s: next(s.step.net.parameters()).dtype == torch.float16,
+                     lambda s: swap_two(next(s.step.net.parameters()))),
     "scheduler": (lambda s: True, lambda s: later_schedule(s.scheduler)),
 }
 
@@ -117,7 +119,7 @@ def check_each_fault(state, rank):
 def diverge_rank_1(r):
     if r.world.rank == 1:  # a memory fault, say: DDP's grad all-reduce never makes it equal again
         with torch.no_grad():
-            r.state.train_step.net.get_parameter("model.5.4.weight").add_(1e-3)
+            r.state.step.net.get_parameter("model.5.4.weight").add_(1e-3)
 
 
 def main(out, data, variants):

@@ -149,12 +149,12 @@ def test_a_modelzoo_checkpoint_loads_into_the_masters(apex, tmp_path):
     cfg = resolve(build_config(ROOT / "configs" / "demo.yaml", [*TINY, "amp.level=O2", "amp.backend=apex",
                                                                 "optim.impl=fused", "data.path=synthetic"]))
     state = TrainingState(cfg, torch.device("cpu"), steps_per_epoch=6)
-    assert state.load_state_dict(modelzoo, "modelzoo.pth") is False  # weights only
-    masters = state.train_step.precision.masters()
+    state.load_weights(modelzoo, "modelzoo.pth")
+    masters = state.step.precision.masters()
     for name, weight in trained.named_parameters():
         assert torch.equal(masters[name], weight.detach()), name
-        assert torch.equal(state.train_step.net.get_parameter(name), weight.detach().to(
-            state.train_step.net.get_parameter(name).dtype)), name
+        assert torch.equal(state.step.net.get_parameter(name), weight.detach().to(
+            state.step.net.get_parameter(name).dtype)), name
 
 
 def test_the_standin_keeps_apexs_rules(apex):

@@ -298,7 +298,8 @@ def test_resume_with_another_batch_keeps_the_global_batch_or_says_what_changes(t
     capsys.readouterr()
     assert run(digits, mid, "--epochs", "2", "data.batch_size=16", "data.global_batch=16", "--resume", "auto") == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and "stopped mid-epoch (global step 2) at global batch 32; this run's is 16" in error[0]
+    assert len(error) == 1 and "stopped mid-epoch (epoch 1, batch 2) at global batch 32; this run's is 16" in error[0]
+    assert "train.resume_next_epoch=true" in error[0]
     assert run(digits, mid, "--epochs", "2", "data.batch_size=16", "--resume", "auto") == 0
     assert ("note: the checkpoint trained with 1 process(es) x data.batch_size 32 x 1 forward(s) = global batch 32, "
             "lr 0.1; this run has 1 x 16 x 2 = 32, lr 0.1, the same global batches") in capsys.readouterr().out

@@ -179,12 +179,12 @@ def test_a_save_between_loss_checks_keeps_the_last_good_checkpoint(tmp_path):
     from mobilenet.state import TrainingState
     cfg = resolve(build_config(ROOT / "configs" / "demo.yaml", ["device=cpu"]))
     state = TrainingState(cfg, torch.device("cpu"), steps_per_epoch=10)
-    r = SimpleNamespace(state=state, step=state.train_step, world=World())
+    r = SimpleNamespace(state=state, step=state.step, world=World())
     saver = CheckpointSaver(tmp_path)
     save_last_if_finite(r, saver)
     good = saver.last.read_bytes()
     with torch.no_grad():
-        r.state.train_step.net.fc.weight[0, 0] = float("nan")
+        r.state.step.net.fc.weight[0, 0] = float("nan")
     with pytest.raises(TrainingFailure, match="the weights became non-finite"):
         save_last_if_finite(r, saver)
     assert saver.last.read_bytes() == good

@@ -1,13 +1,12 @@
 """Advice lines, each said once a run at a log interval: where bfloat16 pays on this CPU, and what
 to do when the loader stays the bottleneck. Their inputs are resolved once, when the run is built."""
-from mobilenet.behaviours.base import Behaviour
 from mobilenet.data.sources import source_of
 from mobilenet.distributed import world_from_env
 from mobilenet.device import cpu_bf16_features, usable_cores
 from mobilenet.model import multiply_adds
 
 
-class Advice(Behaviour):
+class Advice:
     def __init__(self, cfg):
         self.once = [line for line in (bf16_hint(cfg),) if line]  # at the first interval
         self.data_wait = DataWaitHint(cfg["derived"]["workers"], usable_cores() // world_from_env().local_size,

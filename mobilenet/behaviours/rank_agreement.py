@@ -5,14 +5,13 @@ design: the random states, the data record, the config) and of the network as th
 one line naming it and the ranks."""
 import torch
 
-from mobilenet.behaviours.base import Behaviour
 from mobilenet.distributed import first_disagreement
 from mobilenet.errors import TrainingFailure
 
 PER_RANK_KEYS = {"rng", "data", "config"}  # of checkpoint.KEYS
 
 
-class RankAgreement(Behaviour):
+class RankAgreement:
     def at_epoch_end(self, r, results):
         check_ranks_agree(r.state)
 
@@ -34,7 +33,7 @@ def shared_state(state):
     items = list(flat_items(checkpoint))
     seen = {where(value) for _, value in items if isinstance(value, torch.Tensor)}
     # the network's tensors that the checkpoint does not hold already (O2's half weights)
-    return items + [(f"network.{name}", value) for name, value in state.train_step.net.state_dict().items()
+    return items + [(f"network.{name}", value) for name, value in state.step.net.state_dict().items()
                     if where(value) not in seen]
 
 

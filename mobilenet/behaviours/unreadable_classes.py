@@ -3,12 +3,11 @@ of the epoch that found it: none of it is trained on, or it is left out of the a
 folder with no file at all is refused when the data is scanned.)"""
 import torch
 
-from mobilenet.behaviours.base import Behaviour
 from mobilenet.data.datasets import unreadable_flags
 from mobilenet.validation import unreadable_anywhere
 
 
-class UnreadableClasses(Behaviour):
+class UnreadableClasses:
     def __init__(self):
         self.said = set()
 

@@ -44,11 +44,11 @@ def timed_step(args, overrides, impl, ema):
         *SETTINGS[impl], *overrides]))
     device = open_device(cfg["derived"]["device"])
     state = TrainingState(cfg, device, steps_per_epoch=1)
-    step = state.train_step
+    step = state.step
     if ema == "torch":
         step.ema = TorchAveragedModel(step.net, DECAY)
     step.train()
-    images, labels = next(iter(state.train_step.batches(synthetic_batch(cfg))))
+    images, labels = next(iter(state.step.batches(synthetic_batch(cfg))))
     for _ in range(3):
         step(images, labels)
     ops = count_ops(step.ema.update) if step.ema is not None else 0

@@ -169,11 +169,11 @@ def op_budget(cfg, device, warmup=3):
     after ``warmup`` steps (lazy optimizer state): the input copy and normalisation, the
     TrainStep's phases and the LR schedule's step. Each op is a kernel launch on an accelerator."""
     state = TrainingState(cfg, device, steps_per_epoch=100)
-    state.train_step.train()
+    state.step.train()
     raw = synthetic_batch(cfg)
 
     def prefetch():
-        return next(iter(state.train_step.batches(raw)))
+        return next(iter(state.step.batches(raw)))
     for _ in range(warmup):
         state.train_on([prefetch()])
     with OpCounter() as counter:
@@ -181,9 +181,9 @@ def op_budget(cfg, device, warmup=3):
     counts = dict.fromkeys(PHASES, 0)
     counts["input"] = counter.count
     phases = PhaseOps()
-    state.train_step.phase = phases.phase
-    state.train_step(images, labels)
-    state.train_step.phase = no_phase
+    state.step.phase = phases.phase
+    state.step(images, labels)
+    state.step.phase = no_phase
     counts.update(phases.counts)
     counts["scheduler"] = count_ops(state.scheduler.step)
     return counts

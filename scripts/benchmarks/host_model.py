@@ -43,9 +43,9 @@ def step_timer(cfg, device, batch, steps=3):
     from benchmarks.harness import synthetic_batch
     from mobilenet.state import TrainingState
     state = TrainingState(cfg, device, steps_per_epoch=1)
-    step = state.train_step
+    step = state.step
     step.train()
-    images, labels = next(iter(state.train_step.batches(synthetic_batch(cfg, batch))))
+    images, labels = next(iter(state.step.batches(synthetic_batch(cfg, batch))))
     step(images, labels)
 
     def ms():

@@ -37,8 +37,8 @@ def from_memory(args, overrides):
     state = TrainingState(cfg, device, steps_per_epoch=args.steps)
     loader, _ = build_loaders(train_set, val_set, cfg["data"], cfg["seed"])
     loader.sampler.set_epoch(0)
-    batches = [b for _, b in zip(range(args.steps), state.train_step.batches(loader))]
-    state.train_step.train()
+    batches = [b for _, b in zip(range(args.steps), state.step.batches(loader))]
+    state.step.train()
 
     def measure():
         for images, labels in batches[:args.log_every]:  # as end to end, the first interval is left out

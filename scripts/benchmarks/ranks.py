@@ -30,8 +30,8 @@ def timed(args, overrides, impl, level):
         f"data.batch_size={args.batch_size}", f"amp.level={level}", *SETTINGS[impl], *overrides]))
     device = open_device(cfg["derived"]["device"])
     state = TrainingState(cfg, device, steps_per_epoch=1000)
-    state.train_step.train()
-    images, labels = next(iter(state.train_step.batches(synthetic_batch(cfg))))
+    state.step.train()
+    images, labels = next(iter(state.step.batches(synthetic_batch(cfg))))
     for _ in range(3):
         state.train_on([(images, labels)])
 
