@@ -1,5 +1,5 @@
 """Checkpoints: their keys (KEYS, the one definition), atomic writes of independent files, safe
-loading, the checkpoint a resume takes, and the lock that keeps one live run per run directory.
+loading, and the lock that keeps one live run per run directory.
 
 The dict uses the Ascend ModelZoo keys (epoch, arch, state_dict, best_prec1, optimizer), so our
 files and theirs load through the same code; ours add the rest of KEYS.
@@ -182,72 +182,6 @@ class Every:
             return False
         self.next = time.monotonic() + self.seconds
         return True
-
-
-def load_latest(run_dir, say, is_training):
-    """(path, checkpoint) of the training checkpoint in ``run_dir``/checkpoints that got furthest
-    (the epoch and epoch_step recorded inside, not the file's time; last.pt wins a tie), saying through
-    ``say`` which files it skipped and why (unreadable, or no training checkpoint by
-    ``is_training``); None when there are none; a UsageError when there are files but none can
-    continue the run (starting fresh would train over them)."""
-    folder = Path(run_dir) / "checkpoints"
-    paths = sorted(folder.glob("*.pt"))
-    found, reasons = [], []
-    for path in paths:
-        try:
-            state = load_checkpoint(path)
-        except UsageError as e:
-            reasons.append(str(e))
-            say(f"--resume auto: skipping {e}")
-            continue
-        if not is_training(state):
-            reasons.append(f"{path}: weights only, no training state")
-            say(f"--resume auto: skipping {path}: weights only, no training state")
-            continue
-        found.append(((state["epoch"], state["epoch_step"], path.name == "last.pt"), path, state))
-    if found:
-        _, path, state = max(found, key=lambda item: item[0])
-        return path, state
-    if paths:
-        raise UsageError(f"--resume auto: no valid checkpoint in {folder} ({'; '.join(reasons)[:300]}); "
-                         f"move them away to start fresh, or pass --resume FILE")
-    return None
-
-
-def choose(resume, fallback, evaluate_only, output, say):
-    """(path, checkpoint dict) to resume from, or (None, None) to start fresh (said): ``resume`` a
-    file, or 'auto' (the training checkpoint of ``output`` that got furthest, else ``fallback``)."""
-    if resume != "auto":
-        checkpoint = load_checkpoint(resume)
-        if not evaluate_only:
-            refuse_going_back(resume, checkpoint, output)
-        return str(resume), checkpoint
-    found = load_latest(output, say, is_training_checkpoint)
-    if found is not None:
-        return str(found[0]), found[1]
-    if fallback:
-        return str(fallback), load_checkpoint(fallback)
-    if evaluate_only:  # random weights are nothing to evaluate
-        raise UsageError(f"--evaluate --resume auto: no checkpoint in {output}/checkpoints; "
-                         f"pass --output of a run that has one, or --resume FILE")
-    say(f"--resume auto: no checkpoint in {output}, starting fresh")
-    return None, None
-
-
-def refuse_going_back(resume, checkpoint, output):
-    """A run resumed from ``resume`` saves over the run directory's last.pt: refused when that
-    directory holds a checkpoint of a later position (it would be replaced by an earlier one)."""
-    if not is_training_checkpoint(checkpoint):
-        return
-    try:
-        later = load_latest(output, lambda line: None, is_training_checkpoint)
-    except UsageError:  # nothing there can continue a run: nothing to lose
-        return
-    at = (checkpoint["epoch"], checkpoint["epoch_step"])
-    if later and (later[1]["epoch"], later[1]["epoch_step"]) > at:
-        raise UsageError(f"--resume {resume} is at epoch {at[0]} batch {at[1]}, but {later[0]} is further "
-                         f"(epoch {later[1]['epoch']} batch {later[1]['epoch_step']}) and this run would save "
-                         f"over it; to branch from {resume}, pass another --output")
 
 
 def run_files(run_dir):

@@ -17,7 +17,7 @@ from mobilenet.device import without_cuda_graphs
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
 from mobilenet.model import MODELS, OPTIONAL as MODEL_OPTIONAL, last_side, model_row, relative_cost
-from mobilenet.optim import ALGORITHMS, algorithm_settings
+from mobilenet.optim import ALGORITHMS, SCHEDULES, WARMUP, algorithm_settings, check_settings, schedule_settings
 
 DEFAULTS = {
     "seed": 0,
@@ -73,12 +73,11 @@ DEFAULTS = {
         **{name: setting.default for name, setting in algorithm_settings().items()},
     },
     "schedule": {
-        "name": "step",            # step | cosine
-        "step_epochs": 30,         # step: multiply by gamma every step_epochs
-        "gamma": 0.1,
-        "warmup_epochs": 0.0,      # linear warm-up from warmup_start_factor * lr
-        "warmup_start_factor": 0.1,
-        "min_lr": 0.0,             # cosine floor
+        "name": "step",            # step | cosine (optim.SCHEDULES)
+        # and each schedule's own settings, from its row (default and range): step_epochs, gamma
+        # (step: multiply by gamma every step_epochs); min_lr (cosine's floor); for every schedule,
+        # the linear warm-up from warmup_start_factor * lr over warmup_epochs
+        **{name: setting.default for name, setting in schedule_settings().items()},
     },
     "amp": {
         "level": "O0",             # O0 (fp32) | O1 (autocast) | O2 (half model, fp32 masters)
@@ -120,7 +119,7 @@ CHOICES = {
     "device": set(DEVICES),
     "optim.name": ALGORITHMS.keys(),  # live: an entry added to the table is a choice
     "optim.impl": {"standard", "fused"},
-    "schedule.name": {"step", "cosine"},
+    "schedule.name": SCHEDULES.keys(),
     "amp.level": set(LEVELS),
     "amp.dtype": {"float16", "bfloat16"},
     "amp.backend": {"auto", "apex", "native"},
@@ -142,8 +141,7 @@ RANGES = {
     "data.cache_mb": "[0, inf)",
     "optim.lr": "(0, inf)", "optim.lr_scale_batch": "[0, inf)", "optim.weight_decay": "[0, inf)",
     **{f"optim.{name}": setting.interval for name, setting in algorithm_settings().items() if setting.interval},
-    "schedule.step_epochs": "[1, inf)", "schedule.gamma": "(0, 1]", "schedule.warmup_epochs": "[0, inf)",
-    "schedule.warmup_start_factor": "(0, 1]", "schedule.min_lr": "[0, inf)",
+    **{f"schedule.{name}": setting.interval for name, setting in schedule_settings().items() if setting.interval},
     "train.epochs": "[1, inf)", "train.label_smoothing": "[0, 1)", "train.ema_decay": "[0, 1)",
     "train.log_every": "[1, inf)", "train.keep_checkpoints": "[0, inf)",
     "train.max_steps_per_epoch": "[0, inf)", "train.max_steps": "[0, inf)",
@@ -357,7 +355,7 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     loop|foreach|torch_fused|npu_fused|apex_npu_fused) and optimizer_class (what it is, for the log and
     summary), amp_backend (none|native|apex), workers (data.workers, auto resolved), decode and
     decode_why (workers|device), compile (torch.compile's backend and mode, or None) and compile_why,
-    not_taken (the settings the chosen rows of the three tables do not take: settings_not_taken).
+    not_taken (the settings the chosen rows of the four tables do not take: settings_not_taken).
     ``output`` defaults to
     runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
     what the flags of other scripts' dialects became (mobilenet.cli), kept for the log. ``probe``:
@@ -403,14 +401,16 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
 
 
 def settings_not_taken(cfg):
-    """A line for each setting the chosen algorithm, model or data source does not take (its row
+    """A line for each setting the chosen algorithm, model, data source or schedule does not take (its row
     says what it takes) and that was given another value than its default: ignored, and said, the
-    same way for the three tables."""
+    same way for the four tables."""
     from mobilenet.data.sources import DATA_OPTIONAL, SOURCES, source_of
     source = source_of(cfg["data"]["path"]) if cfg["data"]["path"] is not None else SOURCES["folder"]
     rows = [("optim", cfg["optim"]["name"], ALGORITHMS[cfg["optim"]["name"]].hyperparameters, algorithm_settings()),
             ("model", cfg["model"]["name"], model_row(cfg["model"]["name"]).takes, MODEL_OPTIONAL),
-            ("data", next(name for name, row in SOURCES.items() if row is source), source.takes, DATA_OPTIONAL)]
+            ("data", next(name for name, row in SOURCES.items() if row is source), source.takes, DATA_OPTIONAL),
+            ("schedule", cfg["schedule"]["name"], {**SCHEDULES[cfg["schedule"]["name"]].settings, **WARMUP},
+             schedule_settings())]
     lines = []
     for section, row, takes, optional in rows:
         named = ", ".join(f"{section}.{key}" for key in (sorted(takes) or optional))
@@ -534,8 +534,7 @@ def check_combinations(cfg, derived):
     if 0 < cfg["train"]["stall_timeout"] < 1:
         raise UsageError(f"train.stall_timeout={cfg['train']['stall_timeout']:g}: give 0 (no watchdog) or at "
                          f"least 1 second; the run would end between two steps")
-    if cfg["optim"]["nesterov"] and cfg["optim"]["momentum"] == 0:
-        raise UsageError("optim.nesterov=true needs optim.momentum > 0")
+    check_settings(cfg["optim"])
     if cfg["schedule"]["min_lr"] > derived["lr"]:
         raise UsageError(f"schedule.min_lr={cfg['schedule']['min_lr']:g} is above the learning rate "
                          f"{derived['lr']:g}; it is the floor the cosine schedule decays to")

@@ -1,4 +1,4 @@
-"""Optimizers: one table of algorithms, one of implementations, and the LR schedules.
+"""Optimizers: one table of algorithms, one of implementations, and one of LR schedules.
 
 An implementation is how an algorithm's step runs, from most launches per step to fewest:
   loop         torch's per-parameter for-loop (foreach=False): several small ops per tensor
@@ -14,6 +14,8 @@ has no fused kernel, the fewest launches it has (foreach, else its plain step).
 """
 import importlib
 import math
+import re
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,6 +23,7 @@ import torch
 import torch.optim.optimizer as torch_optimizer  # the module torch_npu patches
 
 from mobilenet.device import import_torch_npu
+from mobilenet.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,23 @@ ALGORITHMS = {
 
 
 def algorithm_settings():
-    """{name: Setting} of every algorithm's own settings: the optim.* schema they add to config. A
-    name means one thing, so rows that share one share its Setting (a ValueError says which)."""
+    """{name: Setting} of every algorithm's own settings: the optim.* schema they add to config."""
+    return row_settings("optim.ALGORITHMS", {name: row.hyperparameters for name, row in ALGORITHMS.items()})
+
+
+def schedule_settings():
+    """{name: Setting} of every schedule's own settings and the warm-up's: the schedule.* schema."""
+    return {**row_settings("optim.SCHEDULES", {name: row.settings for name, row in SCHEDULES.items()}), **WARMUP}
+
+
+def row_settings(table, rows):
+    """{name: Setting} of the settings of a table's ``rows`` ({row: {name: Setting}}). A name means
+    one thing, so rows that share one share its Setting (a ValueError says which)."""
     found = {}
-    for algorithm_name, algorithm in ALGORITHMS.items():
-        for name, setting in algorithm.hyperparameters.items():
+    for row_name, settings in rows.items():
+        for name, setting in settings.items():
             if found.setdefault(name, setting) != setting:
-                raise ValueError(f"optim.ALGORITHMS: '{name}' of '{algorithm_name}' is {setting}, another row's is "
+                raise ValueError(f"{table}: '{name}' of '{row_name}' is {setting}, another row's is "
                                  f"{found[name]}; a setting means one thing: give the same, or another name")
     return found
 
@@ -134,6 +147,20 @@ def hyperparameters(optim):
     return {key: optim[key] for key in ALGORITHMS[optim["name"]].hyperparameters}
 
 
+def check_settings(optim):
+    """A UsageError of one line where the algorithm's class refuses the ``optim`` section's settings
+    together (SGD's nesterov without momentum, or with dampening): its own check, asked once on
+    one tensor, so a row a forker adds is checked as its class checks it."""
+    algorithm, hyper = ALGORITHMS[optim["name"]], hyperparameters(optim)
+    try:
+        algorithm.torch_class([torch.zeros(1, requires_grad=True)], lr=optim["lr"],
+                              weight_decay=optim["weight_decay"], **hyper)
+    except ValueError as e:
+        given = ", ".join(f"optim.{key}={value}" for key, value in hyper.items())
+        raise UsageError(f"optim.name={optim['name']} with {given}: {algorithm.torch_class.__name__} refuses "
+                         f"them together ({e}); change one of them") from None
+
+
 def param_groups(params, weight_decay, no_decay_bn_bias):
     """One group, or two when BatchNorm and bias parameters (the 1-d ones) get no weight decay."""
     params = [p for p in params if p.requires_grad]
@@ -196,25 +223,60 @@ def describe_optimizer(name, implementation, impl="standard"):
     return f"{cls} ({what})"
 
 
-def lr_factor_fn(name, steps_per_epoch, epochs, step_epochs=30, gamma=0.1, warmup_epochs=0.0,
-                 warmup_start_factor=0.1, min_factor=0.0):
-    """Multiplier of the base LR at each iteration: linear warm-up, then step or cosine decay."""
-    warmup = round(warmup_epochs * steps_per_epoch)
+# The LR schedules (schedule.name), the fourth table: a row's ``factor(step, steps_per_epoch, total, s)``
+# is the multiplier of the base LR at ``step`` after the warm-up (``s``: the schedule section, its
+# min_lr as a share of the base LR), and its settings are its own, as an algorithm's. A row must be
+# a closed form of the step: a resume moves the schedule to a step by that step alone (schedule_at),
+# so a scheduler that keeps state of its own between steps (torch's StepLR and the like, stepped in
+# place) would go on from a wrong LR after a resume. tests/test_optim.py resumes every row.
+@dataclass(frozen=True)
+class Schedule:
+    factor: Callable
+    settings: dict           # {name: Setting}: the schedule.* settings it takes besides the warm-up
+
+
+def step_decay(step, steps_per_epoch, total, s):
+    return s["gamma"] ** (step // (s["step_epochs"] * steps_per_epoch))
+
+
+def cosine(step, steps_per_epoch, total, s):
+    progress = min(1.0, step / max(1, total))
+    return s["min_lr"] + (1 - s["min_lr"]) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+GAMMA = Setting(0.1, "(0, 1]")
+SCHEDULES = {
+    "step": Schedule(step_decay, {"step_epochs": Setting(30, "[1, inf)"), "gamma": GAMMA}),
+    "cosine": Schedule(cosine, {"min_lr": Setting(0.0, "[0, inf)")}),
+}
+WARMUP = {"warmup_epochs": Setting(0.0, "[0, inf)"), "warmup_start_factor": Setting(0.1, "(0, 1]")}
+
+
+def lr_factor_fn(schedule, steps_per_epoch, epochs, base_lr):
+    """Multiplier of the base LR at each iteration: linear warm-up from warmup_start_factor over
+    warmup_epochs, then the row of SCHEDULES ``schedule['name']``. The step schedule counts its
+    steps from the run's first, cosine from the warm-up's end."""
+    warmup, start = round(schedule["warmup_epochs"] * steps_per_epoch), schedule["warmup_start_factor"]
+    row, s = SCHEDULES[schedule["name"]], {**schedule, "min_lr": schedule["min_lr"] / base_lr}
     total = epochs * steps_per_epoch
 
     def factor(step):
         if step < warmup:
-            return warmup_start_factor + (1 - warmup_start_factor) * step / warmup
-        if name == "step":
-            return gamma ** (step // (step_epochs * steps_per_epoch))
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_factor + (1 - min_factor) * 0.5 * (1 + math.cos(math.pi * progress))
+            return start + (1 - start) * step / warmup
+        after = step if schedule["name"] == "step" else step - warmup
+        return row.factor(after, steps_per_epoch, total - warmup, s)
     return factor
 
 
 def build_scheduler(optimizer, *, schedule, base_lr, steps_per_epoch, epochs):
     """Per-iteration LambdaLR from the ``schedule`` config section."""
-    factor = lr_factor_fn(schedule["name"], steps_per_epoch, epochs, schedule["step_epochs"],
-                          schedule["gamma"], schedule["warmup_epochs"],
-                          schedule["warmup_start_factor"], schedule["min_lr"] / base_lr)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor_fn(schedule, steps_per_epoch, epochs, base_lr))
+
+
+def schedule_at(scheduler, at):
+    """``scheduler`` moved to the LR of step ``at`` (a resume): a row's closed form needs nothing else."""
+    scheduler.last_epoch = at - 1
+    with warnings.catch_warnings():
+        # A resume's repositioning makes no optimizer.step(), on purpose; torch warns about that order.
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+        scheduler.step()

@@ -7,6 +7,7 @@ said). A checkpoint goes on at another global batch only at an epoch's end, or f
 epoch's first step (train.resume_next_epoch); on another number of processes wherever they fill
 its global batch; a ModelZoo main.py checkpoint at its epoch.
 """
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -51,7 +52,7 @@ def choose(resume, fallback, evaluate_only, output, say):
         if not evaluate_only:
             refuse_going_back(resume, checkpoint, output)
         return str(resume), checkpoint
-    found = ckpt.load_latest(output, say, ckpt.is_training_checkpoint)
+    found = load_latest(output, say)
     if found is not None:
         return str(found[0]), found[1]
     if fallback:
@@ -63,13 +64,43 @@ def choose(resume, fallback, evaluate_only, output, say):
     return None, None
 
 
+def load_latest(run_dir, say):
+    """(path, checkpoint) of the training checkpoint in ``run_dir``/checkpoints that got furthest
+    (the epoch and epoch_step recorded inside, not the file's time; last.pt wins a tie), saying through
+    ``say`` which files it skipped and why (unreadable, or no training checkpoint); None when there
+    are none; a UsageError when there are files but none can continue the run (starting fresh
+    would train over them)."""
+    folder = Path(run_dir) / "checkpoints"
+    paths = sorted(folder.glob("*.pt"))
+    found, reasons = [], []
+    for path in paths:
+        try:
+            state = ckpt.load_checkpoint(path)
+        except UsageError as e:
+            reasons.append(str(e))
+            say(f"--resume auto: skipping {e}")
+            continue
+        if not ckpt.is_training_checkpoint(state):
+            reasons.append(f"{path}: weights only, no training state")
+            say(f"--resume auto: skipping {path}: weights only, no training state")
+            continue
+        found.append(((state["epoch"], state["epoch_step"], path.name == "last.pt"), path, state))
+    if found:
+        _, path, state = max(found, key=lambda item: item[0])
+        return path, state
+    if paths:
+        raise UsageError(f"--resume auto: no valid checkpoint in {folder} ({'; '.join(reasons)[:300]}); "
+                         f"move them away to start fresh, or pass --resume FILE")
+    return None
+
+
 def refuse_going_back(resume, checkpoint, output):
     """A run resumed from ``resume`` saves over the run directory's last.pt: refused when that
     directory holds a checkpoint of a later position (it would be replaced by an earlier one)."""
     if not ckpt.is_training_checkpoint(checkpoint):
         return
     try:
-        later = ckpt.load_latest(output, lambda line: None, ckpt.is_training_checkpoint)
+        later = load_latest(output, lambda line: None)
     except UsageError:  # nothing there can continue a run: nothing to lose
         return
     at = (checkpoint["epoch"], checkpoint["epoch_step"])

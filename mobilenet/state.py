@@ -7,15 +7,13 @@ random generators at the first step; ``state_dict()`` is the checkpoint (checkpo
 mobilenet/resume.py's.
 """
 import hashlib
-import re
-import warnings
 
 import torch
 
 from mobilenet.device import device_module
 from mobilenet.distributed import every_rank
 from mobilenet.model import load_weights, unwrap_state_dict
-from mobilenet.optim import ALGORITHMS, build_scheduler, hold_lr_in_tensors, plain_numbers
+from mobilenet.optim import ALGORITHMS, build_scheduler, hold_lr_in_tensors, plain_numbers, schedule_at
 from mobilenet.training import build_train_step
 
 
@@ -62,18 +60,13 @@ class TrainingState:
         self.awaiting_validation = self.epoch_step == self.steps_per_epoch or self.finished
         return loss
 
-    def step_schedule(self, at=None):
-        """The LR schedule's step; ``at``: to the LR of that position's step instead (a resume)."""
-        if at is not None:
-            self.scheduler.last_epoch = at - 1
-        elif self.global_step:  # torch checks the order at a schedule's first step only
+    def step_schedule(self):
+        """The LR schedule's step after an optimizer step (torch checks their order at its first
+        step only: where the loss scaler skipped that one, schedule_at says nothing)."""
+        if self.global_step:
             self.scheduler.step()
-            return
-        with warnings.catch_warnings():
-            # A step the loss scaler skipped (or a resume's repositioning) made no optimizer.step(),
-            # on purpose: the LR follows the step count. torch warns about that order; here it is no mistake.
-            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
-            self.scheduler.step()
+        else:
+            schedule_at(self.scheduler, 1)
 
     # The position.
     @property
@@ -107,7 +100,7 @@ class TrainingState:
         """The position ``epoch``, ``epoch_step``, and the schedule's LR of its step (in this run's
         steps an epoch, which another global batch changes)."""
         self.epoch, self.epoch_step = epoch, epoch_step
-        self.step_schedule(at=epoch * self.steps_per_epoch + epoch_step)
+        schedule_at(self.scheduler, epoch * self.steps_per_epoch + epoch_step)
 
     def continue_at(self, epoch, best_top1):
         """Goes on from the start of ``epoch`` with ``best_top1`` (a checkpoint without our position:

@@ -180,7 +180,8 @@ def test_every_numeric_setting_has_a_range():
 
 
 @pytest.mark.parametrize("settings,message", [
-    ({"optim.nesterov": True, "optim.momentum": 0.0}, "optim.nesterov=true needs optim.momentum > 0"),
+    ({"optim.nesterov": True, "optim.momentum": 0.0}, "optim.name=sgd with optim.momentum=0.0, optim.nesterov=True: "
+     "SGD refuses them together (Nesterov momentum requires a momentum and zero dampening); change one of them"),
     ({"schedule.min_lr": 1.0}, "schedule.min_lr=1 is above the learning rate 0.1"),
 ])
 def test_settings_that_contradict_each_other(settings, message):
@@ -350,6 +351,19 @@ def test_a_setting_the_chosen_row_does_not_take_is_said_the_same_way_for_every_t
         "optim.betas=[0.5, 0.5]: sgd does not take it (it takes optim.momentum, optim.nesterov); ignored",
         "model.width_mult=0.5: resnet18 does not take it (it takes none of model.width_mult); ignored",
         "data.hflip=False: synthetic does not take it (it takes data.synthetic_size); ignored"]
+
+
+def test_a_forkers_row_whose_class_refuses_its_settings_together_is_one_line():
+    """SGD's row with dampening (a forker's): nesterov with dampening is SGD's own refusal, one line."""
+    as_a_forker = ("import sys, torch\nfrom mobilenet import optim\n"
+                   "optim.ALGORITHMS['sgd'] = optim.Algorithm(torch.optim.SGD, {'momentum': optim.MOMENTUM, "
+                   "'nesterov': optim.Setting(False), 'dampening': optim.Setting(0.0, '[0, 1)')})\n"
+                   "import train\nsys.exit(train.main(['--data', 'synthetic', 'device=cpu', 'optim.nesterov=true', "
+                   "'optim.dampening=0.5']))\n")
+    ran = subprocess.run([sys.executable, "-c", as_a_forker], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 2 and ran.stderr.strip().splitlines() == [
+        "error: optim.name=sgd with optim.momentum=0.9, optim.nesterov=True, optim.dampening=0.5: SGD refuses them "
+        "together (Nesterov momentum requires a momentum and zero dampening); change one of them"], ran.stderr
 
 
 def test_an_algorithm_row_alone_brings_its_own_setting(tmp_path, digits):

@@ -6,10 +6,11 @@ import torch
 
 import standin_torch_npu
 import train
-from conftest import TINY
+from conftest import ROOT, TINY
+from mobilenet.config import DEFAULTS, build_config, resolve
 from mobilenet.model import MobileNetV1
-from mobilenet.optim import (ALGORITHMS, IMPLEMENTATIONS, build_optimizer, choose_implementation, describe_optimizer,
-                             lr_factor_fn)
+from mobilenet.optim import (ALGORITHMS, IMPLEMENTATIONS, SCHEDULES, build_optimizer, build_scheduler,
+                             choose_implementation, describe_optimizer, lr_factor_fn, schedule_at)
 
 FAMILIES = ["sgd", "adam", "adamw", "rmsprop"]
 HYPER = {"momentum": 0.9, "nesterov": False, "betas": (0.9, 0.999), "eps": 1e-8, "alpha": 0.99}
@@ -143,18 +144,50 @@ def test_npu_fused_selection_with_stand_in(monkeypatch, name, cls):
     assert type(standard).__module__ == "torch.optim." + type(standard).__name__.lower()
 
 
+def schedule(name, **settings):
+    return {**DEFAULTS["schedule"], "name": name, **settings}
+
+
 def test_step_schedule_is_the_modelzoo_recipe():
-    factor = lr_factor_fn("step", steps_per_epoch=10, epochs=90, step_epochs=30, gamma=0.1)
+    factor = lr_factor_fn(schedule("step", step_epochs=30, gamma=0.1), steps_per_epoch=10, epochs=90, base_lr=1.0)
     assert [factor(e * 10) for e in (0, 29, 30, 59, 60, 89)] == pytest.approx(
         [1, 1, 0.1, 0.1, 0.01, 0.01])
 
 
 def test_warmup_then_cosine():
-    factor = lr_factor_fn("cosine", steps_per_epoch=10, epochs=10, warmup_epochs=2,
-                          warmup_start_factor=0.1, min_factor=0.01)
+    factor = lr_factor_fn(schedule("cosine", warmup_epochs=2, warmup_start_factor=0.1, min_lr=0.001),
+                          steps_per_epoch=10, epochs=10, base_lr=0.1)
     assert factor(0) == pytest.approx(0.1)
     assert factor(10) == pytest.approx(0.55)
     assert factor(20) == pytest.approx(1.0)
     assert factor(60) == pytest.approx(0.01 + 0.99 * 0.5)
     assert factor(100) == pytest.approx(0.01)
     assert all(factor(s) >= factor(s + 1) for s in range(20, 100))
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_every_schedule_resumed_at_any_step_gives_the_straight_runs_lr(name):
+    """A row of SCHEDULES is a closed form of the step: a scheduler moved to step k (a resume,
+    schedule_at) gives the straight run's LR at k and every step after, with a warm-up too."""
+    cfg = schedule(name, warmup_epochs=1.5, step_epochs=2)
+    def scheduler():
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.4)
+        return build_scheduler(optimizer, schedule=cfg, base_lr=0.4, steps_per_epoch=4, epochs=6)
+    straight, lrs = scheduler(), []
+    for _ in range(24):
+        lrs.append(straight.get_last_lr()[0])
+        straight.step()
+    assert len(set(lrs)) > 3  # the schedule moves
+    for at in (1, 5, 6, 13, 23):
+        resumed = scheduler()
+        resumed.load_state_dict(straight.state_dict())  # what a checkpoint holds, from another position
+        schedule_at(resumed, at)
+        for step in range(at, 24):
+            assert resumed.get_last_lr()[0] == pytest.approx(lrs[step], rel=1e-12), (at, step)
+            resumed.step()
+
+
+def test_a_schedule_setting_the_schedule_does_not_take_is_said():
+    cfg = resolve(build_config(ROOT / "configs" / "demo.yaml", ["schedule.name=cosine", "schedule.step_epochs=5"]))
+    notes = cfg["derived"]["not_taken"]
+    assert any(line.startswith("schedule.step_epochs=5: cosine does not take it") for line in notes), notes
