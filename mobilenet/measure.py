@@ -208,8 +208,7 @@ class OtherLoad:
         self.share = self.so_far()
 
 
-PHASES = ("input", "forward", "loss", "backward", "unscale", "optimizer", "zero_grad", "ema",
-          "scheduler")
+PHASES = ("forward", "loss", "backward", "unscale", "optimizer", "zero_grad", "ema")  # a TrainStep's
 OPTIMIZER_PHASES = ("unscale", "optimizer", "zero_grad")
 
 
@@ -217,18 +216,21 @@ class StepBreakdown:
     """A TrainStep phase hook: seconds in the optimizer's phases (unscale, step, master copy,
     zero_grad), with the device synchronized around them, which costs some speed (for
     comparisons: train.measure_breakdown, not production runs). The ops of every phase are
-    counted once, on the third step (after lazy state init), which is then not timed."""
+    counted once, over the third optimizer step (after lazy state init: every forward of its
+    global batch under train.grad_accum_steps), which is then not timed."""
 
     def __init__(self, device):
         self.device = device
         self.optimizer_s = 0.0
-        self.steps = self.timed_steps = 0
+        self.steps = self.timed_steps = 0  # optimizer steps begun; timed
+        self.stepped = True  # the last phase was the optimizer's: the next forward begins a step
         self.ops = PhaseOps()
 
     @contextlib.contextmanager
     def phase(self, name):
-        if name == "forward":
-            self.steps += 1
+        if name == "forward" and self.stepped:
+            self.steps, self.stepped = self.steps + 1, False
+        self.stepped = self.stepped or name == "unscale"
         if self.steps == 3 and name in PHASES:  # not the loop's wait for data
             with self.ops.phase(name):
                 yield

@@ -166,3 +166,19 @@ def test_every_implementation_accumulates_what_one_batch_trains(implementation, 
         weights.append([p.detach().clone() for p in net.parameters()])
     for accumulated, whole in zip(*weights):
         torch.testing.assert_close(accumulated, whole, rtol=1e-5, atol=1e-6)
+
+
+def test_the_breakdown_counts_an_optimizer_steps_ops_under_accumulation(tmp_path):
+    """train.measure_breakdown counts the ops of the third optimizer step, whatever forwards fill
+    it: the optimizer's ops are the same with two forwards a step as with one, the step's more."""
+    import json
+    import train
+    counted = {}
+    for forwards in (1, 2):
+        out = tmp_path / str(forwards)
+        assert train.main([*RUN, "--data", "synthetic", "train.measure_breakdown=true", "train.max_steps=4",
+                           "--grad-accum-steps", str(forwards), "--output", str(out)]) == 0
+        counted[forwards] = json.loads((out / "summary.json").read_text())
+    assert counted[1]["optimizer_ops_per_step"] > 100  # the loop's ops for MobileNetV1's tensors
+    assert counted[2]["optimizer_ops_per_step"] == counted[1]["optimizer_ops_per_step"]
+    assert counted[2]["step_ops_per_step"] > counted[1]["step_ops_per_step"]

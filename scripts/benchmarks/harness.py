@@ -178,8 +178,7 @@ def op_budget(cfg, device, warmup=3):
         state.train_on([prefetch()])
     with OpCounter() as counter:
         images, labels = prefetch()
-    counts = dict.fromkeys(PHASES, 0)
-    counts["input"] = counter.count
+    counts = {"input": counter.count, **dict.fromkeys(PHASES, 0)}  # and the step's phases, then the schedule's
     phases = PhaseOps()
     state.step.phase = phases.phase
     state.step(images, labels)
