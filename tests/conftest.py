@@ -1,3 +1,4 @@
+import json
 import shutil
 import signal
 import socket
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from mobilenet.data.sources import build_digits
+from mobilenet.optim import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,3 +155,30 @@ def in_small_tmpfs(tmp_path, size, script, **fields):
     if result.returncode == 99:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
     return mount, result
+
+
+# The two-rank job of every precision and implementation (tests/rank_states.py), shared by test_ranks.py
+# and the rank check's own tests (test_behaviour_rank_agreement.py).
+BASE_RANKS = ["--config", "configs/demo.yaml", "device=cpu", "model.width_mult=0.25", "model.resolution=32",
+        "data.batch_size=16", "data.workers=0",
+        "optim.momentum=0.9", "train.log_every=2", "train.max_steps_per_epoch=4", "--epochs", "1"]
+EMA = ["train.ema_decay=0.5"]  # O2 refuses an EMA
+# ModelZoo's static scale: the first dynamic scale (2**16) overflows every step of so short a run
+SCALED = {"O0": [], "O1": ["amp.loss_scale=1024"], "O2": ["amp.loss_scale=1024"]}
+VARIANTS = {f"{level}-{implementation}": [*BASE_RANKS, f"amp.level={level}", *SCALED[level], *settings,
+                                          *(EMA if level != "O2" else [])]
+            for level in ("O0", "O1", "O2") for implementation, settings in SETTINGS.items()}
+VARIANTS["apex-O2"] = [*BASE_RANKS, "amp.level=O2", "amp.backend=apex", "optim.impl=fused", *SCALED["O2"]]
+VARIANTS["diverged"] = [*BASE_RANKS, "amp.level=O0"]
+
+
+@pytest.fixture(scope="session")
+def ranks(tmp_path_factory, digits):
+    """Runs every variant in one torchrun job; returns its folder."""
+    out = tmp_path_factory.mktemp("ranks")
+    (out / "variants.json").write_text(json.dumps(VARIANTS))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(ROOT / "tests" / "rank_states.py"), str(out), str(digits),
+                             str(out / "variants.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out

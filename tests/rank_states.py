@@ -14,10 +14,9 @@ from pathlib import Path
 import torch
 
 from mobilenet import checkpoint as ckpt
-from mobilenet.behaviours.rank_agreement import check_ranks_agree
 from mobilenet.cli import build_parser, config_from_args
 from mobilenet.distributed import destroy, exit_process, init_process_group, world_from_env
-from mobilenet.engine import build_run, fit
+from mobilenet.engine import build_run, enter, fit
 from mobilenet.errors import TrainingFailure
 from mobilenet.logging import RunLogger
 from mobilenet.resume import prepare, restore
@@ -100,15 +99,16 @@ FAULTS = {
 }
 
 
-def check_each_fault(state, rank):
-    """{part: the rank check's failure (or 'agreed')} for one fault at a time on rank 1."""
-    found = {}
+def check_each_fault(r, rank):
+    """{part: the rank check's failure (or 'agreed')} for one fault at a time on rank 1, through the
+    run's epoch-end point (where the rank check is a behaviour: tests/test_behaviour_rank_agreement.py)."""
+    state, found = r.state, {}
     for part, (present, fault) in FAULTS.items():
         if not present(state):
             continue
         undo = fault(state) if rank == 1 else (lambda: None)
         try:
-            check_ranks_agree(state)
+            enter(r, "at_epoch_end", {})
             found[part] = "agreed"
         except TrainingFailure as e:
             found[part] = str(e)
@@ -143,7 +143,7 @@ def main(out, data, variants):
                 continue
             r, summary = train(args, world, device)
             torch.save({**held_state(r), "top1": summary["top1"]}, folder / f"rank{world.rank}.pt")
-            (folder / f"faults{world.rank}.json").write_text(json.dumps(check_each_fault(r.state, world.rank)))
+            (folder / f"faults{world.rank}.json").write_text(json.dumps(check_each_fault(r, world.rank)))
     finally:
         destroy()
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, TINY
+from conftest import TINY
 from mobilenet.amp import NativePrecision, build_precision, choose_backend
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.model import MobileNetV1
@@ -172,25 +172,6 @@ def test_one_optimizer_step_per_iteration_and_checkpointed_state(tmp_path, digit
     state3 = load_checkpoint(out / "checkpoints" / "last.pt")
     assert state3["epoch"] == 3
     assert state3["amp"]["scaler"]["scale"] >= state["amp"]["scaler"]["scale"] / 2 ** 6
-
-
-def test_bf16_hint_only_where_amx_pays():
-    from mobilenet.behaviours.advice import bf16_hint
-    from mobilenet.config import build_config, resolve
-
-    def hint(features, *overrides, config="imagenet.yaml"):
-        cfg = resolve(build_config(ROOT / "configs" / config, ["device=cpu", "amp.level=O0", *overrides]))
-        return bf16_hint(cfg, features)
-    line = hint(["AMX-BF16", "AVX512-BF16"])
-    assert "1.61x" in line and "--amp O1 amp.dtype=bfloat16" in line and "img/s" not in line
-    assert "1.33x" in hint(["AMX-BF16"], "model.width_mult=0.75")
-    assert hint(["AVX512-BF16"]) is None                          # the vector units alone: no hint
-    assert hint([]) is None
-    assert hint(["AMX-BF16"], "model.resolution=192") is None      # paid only at 224 px
-    assert hint(["AMX-BF16"], "model.width_mult=0.25") is None     # 1.05x
-    assert hint(["AMX-BF16"], "data.batch_size=8") is None         # not measured below 32
-    assert hint(["AMX-BF16"], "amp.level=O1", "amp.dtype=bfloat16") is None
-    assert hint(["AMX-BF16"], config="demo.yaml") is None          # the demo model: 0.58x
 
 
 def test_gradscaler_cannot_keep_these_guarantees():

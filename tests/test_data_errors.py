@@ -108,39 +108,6 @@ def test_accuracy_leaves_out_what_could_not_be_read():
     assert (result.top1, result.scored, result.left_out) == (50.0, 2, 1)
 
 
-def test_a_loader_that_stays_the_bottleneck_gets_one_hint(tmp_path, capsys):
-    """Large JPEGs for a tiny model at 32 px: decoding, not the step, takes the time."""
-    root = tmp_path / "data"
-    for subset in ("train", "val"):
-        for label in ("a", "b"):
-            folder = root / subset / label
-            folder.mkdir(parents=True)
-            for i in range(8):
-                noise = torch.randint(0, 256, (1500, 2000, 3), dtype=torch.uint8).numpy()
-                Image.fromarray(noise).save(folder / f"{i}.JPEG", quality=95)
-    out = tmp_path / "run"
-    assert train.main(["--config", "configs/demo.yaml", "--data", str(root), "--output", str(out),
-                       *TINY, "model.num_classes=2", "data.batch_size=2", "data.cache_mb=0",
-                       "train.log_every=1", "--epochs", "1"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    hints = [line for line in lines if line.startswith("hint: the loop waited for data")]
-    assert len(hints) == 1 and "prepare the data once (python scripts/prepare_data.py DIR DST" in hints[0]
-    assert "(data.workers is 0, of" in hints[0]
-    waits = [json.loads(r)["data_wait"] for r in (out / "metrics.jsonl").read_text().splitlines()
-             if '"train"' in r]
-    assert len(waits) == 8 and sum(w >= 0.3 for w in waits) >= 3
-
-
-def test_the_data_wait_hint_is_said_once_a_run_even_when_the_wait_comes_back():
-    """Slow, slow, slow, fast, slow, slow, slow: one hint (the count started again after the
-    fast interval, and a demo on a 16-core machine said it three times)."""
-    from mobilenet.behaviours.advice import DataWaitHint
-    hint = DataWaitHint(workers=3, cores=16, preparable=False)
-    slow, fast = DataWaitHint.SHARE + 0.1, 0.0
-    said = [line for wait in [slow] * 3 + [fast] + [slow] * 3 if (line := hint.line(wait))]
-    assert len(said) == 1 and "(data.workers is 3, of 16 usable: raise it)" in said[0] and "prepare" not in said[0]
-
-
 def test_class_set_mismatch_names_the_classes(tmp_path, digits, capsys):
     import shutil
     root = tmp_path / "data"
@@ -247,18 +214,3 @@ def test_names_that_are_not_utf8_train_and_resume(tmp_path, digits):
     assert load_checkpoint(out / "checkpoints" / "last.pt")["epoch"] == 1
 
 
-def test_a_class_whose_files_are_all_unreadable_is_said_once_per_class(tmp_path, digits, capsys):
-    data = tmp_path / "data"
-    shutil.copytree(digits, data)
-    for folder in (data / "train" / "5", data / "val" / "6"):
-        for path in folder.iterdir():
-            path.write_bytes(b"not an image")
-    capsys.readouterr()
-    assert train.main(["--config", "configs/demo.yaml", *TINY, "--data", str(data), "--output", str(tmp_path / "run"),
-                       "--epochs", "2"]) == 0
-    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: class")]
-    trained_files, val_files = len(list((data / "train" / "5").iterdir())), len(list((data / "val" / "6").iterdir()))
-    assert said == [f"warning: class '5' (train): none of its {trained_files} files could be read, so no image of it "
-                    f"is trained on; fix its files or remove the class folder from train/ and val/",
-                    f"warning: class '6' (val): none of its {val_files} files could be read, so it is left out of "
-                    f"the accuracy; fix its files or remove the class folder from train/ and val/"]

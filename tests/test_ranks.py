@@ -2,7 +2,6 @@
 optimizer implementation through the engine; every rank then writes everything it holds, and the
 ranks are compared bit for bit with each other (not only what rank 0 saves), without a resume in
 between. The distributed validation must equal one process evaluating the saved checkpoint."""
-import json
 import os
 import shutil
 import subprocess
@@ -14,31 +13,8 @@ import torch
 from conftest import ROOT
 from mobilenet.config import build_config, resolve
 from mobilenet.engine import run
-from mobilenet.optim import SETTINGS
 
-BASE = ["--config", "configs/demo.yaml", "device=cpu", "model.width_mult=0.25", "model.resolution=32",
-        "data.batch_size=16", "data.workers=0",
-        "optim.momentum=0.9", "train.log_every=2", "train.max_steps_per_epoch=4", "--epochs", "1"]
-EMA = ["train.ema_decay=0.5"]  # O2 refuses an EMA
-# ModelZoo's static scale: the first dynamic scale (2**16) overflows every step of so short a run
-SCALED = {"O0": [], "O1": ["amp.loss_scale=1024"], "O2": ["amp.loss_scale=1024"]}
-VARIANTS = {f"{level}-{implementation}": [*BASE, f"amp.level={level}", *SCALED[level], *settings,
-                                          *(EMA if level != "O2" else [])]
-            for level in ("O0", "O1", "O2") for implementation, settings in SETTINGS.items()}
-VARIANTS["apex-O2"] = [*BASE, "amp.level=O2", "amp.backend=apex", "optim.impl=fused", *SCALED["O2"]]
-VARIANTS["diverged"] = [*BASE, "amp.level=O0"]
-
-
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory, digits):
-    """Runs every variant in one torchrun job; returns its folder."""
-    out = tmp_path_factory.mktemp("ranks")
-    (out / "variants.json").write_text(json.dumps(VARIANTS))
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             str(ROOT / "tests" / "rank_states.py"), str(out), str(digits),
-                             str(out / "variants.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+from conftest import BASE_RANKS as BASE, VARIANTS  # noqa: F401 (the ranks fixture is conftest's)
 
 
 def flat(tree, prefix=""):
@@ -72,36 +48,6 @@ def test_every_rank_holds_the_same_state(ranks, digits, variant):
     cfg = resolve(build_config(ROOT / "configs" / "demo.yaml", settings, {"data.path": str(digits)}))
     evaluated = run(cfg, resume=checkpoint, evaluate_only=True)
     assert evaluated["top1"] == pytest.approx(held[0]["top1"], abs=1e-9), variant
-
-
-# What the rank check's line names for a fault in each part (tests/rank_states.py FAULTS).
-NAMED = {"momentum": "optimizer.state.0.momentum_buffer", "loss scale": "amp.scaler.scale",
-         "EMA": "ema.module.model.0.0.weight", "half weights": "network.model.0.0.weight",
-         "scheduler": "scheduler.last_epoch"}
-
-
-@pytest.mark.parametrize("variant", [name for name in VARIANTS if name != "diverged"])
-def test_a_fault_in_any_part_of_one_rank_is_found_and_named(ranks, variant):
-    """Each part alone differs on rank 1 (two elements swapped, two opposite signs flipped, a
-    scale or a schedule's position): every rank stops with the line that names it."""
-    found = [json.loads((ranks / variant / f"faults{rank}.json").read_text()) for rank in (0, 1)]
-    assert found[0] == found[1]
-    level = variant.split("-")[0]
-    expected = {"momentum", "scheduler"} | ({"EMA"} if level in ("O0", "O1") else set()) | (
-        {"loss scale"} if level in ("O1", "O2") else set()) | ({"half weights"} if level in ("O2", "apex") else set())
-    assert found[0].keys() == expected, variant
-    for part, line in found[0].items():
-        assert line.startswith(f"the ranks disagree at the end of epoch 1: {NAMED[part]} differs on rank(s) 1 "
-                               f"from rank 0"), (variant, part, line)
-
-
-def test_a_rank_that_goes_its_own_way_stops_the_run_before_the_save(ranks):
-    lines = [(ranks / "diverged" / f"rank{rank}.txt").read_text() for rank in (0, 1)]
-    assert lines[0] == lines[1], lines
-    assert lines[0].startswith("the ranks disagree at the end of epoch 1: state_dict.model.5.4.weight differs "
-                               "on rank(s) 1 from rank 0"), lines[0]
-    saved = torch.load(ranks / "diverged" / "run" / "checkpoints" / "last.pt", weights_only=False)
-    assert (saved["epoch"], saved["epoch_step"]) == (1, 0)  # the first epoch's, kept
 
 
 def two_ranks_of_one_job(tmp_path, args_of_rank):

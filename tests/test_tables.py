@@ -6,7 +6,7 @@ import json
 import pytest
 
 import train
-from conftest import TINY, assert_same_weights
+from conftest import ROOT, TINY, assert_same_weights
 from mobilenet.data.sources import SOURCES, Source, source_of
 from mobilenet.model import MODELS
 from mobilenet.optim import ALGORITHMS
@@ -51,3 +51,20 @@ def test_a_source_claims_its_paths_wherever_it_stands_in_the_table(monkeypatch, 
     monkeypatch.setitem(SOURCES, "csv too", listed)
     with pytest.raises(Exception, match="the sources csv and csv too of data.sources.SOURCES both claim it"):
         source_of("a.csv")
+
+
+def test_a_behaviour_is_imported_by_its_line_and_its_own_test_file_alone():
+    """Deleting a behaviour's module, its line in behaviours_for and tests/test_behaviour_<name>.py
+    leaves the rest whole: nothing else in the project names its module (mobilenet/behaviours)."""
+    import re
+    behaviours = sorted(p.stem for p in (ROOT / "mobilenet" / "behaviours").glob("*.py") if p.stem != "__init__")
+    assert behaviours
+    files = [p for p in [ROOT / "train.py", *ROOT.glob("mobilenet/**/*.py"), *ROOT.glob("scripts/**/*.py"),
+                         *ROOT.glob("tests/*.py")] if p.name != "__init__.py" or p.parent.name != "behaviours"]
+    for name in behaviours:
+        own = ROOT / "tests" / f"test_behaviour_{name}.py"
+        assert own.exists(), f"{name}: its tests belong in {own.name}"
+        naming = re.compile(rf"behaviours[./]{name}\b|from mobilenet\.behaviours import .*\b{name}\b")
+        others = [str(p.relative_to(ROOT)) for p in files if p not in (own, ROOT / "mobilenet" / "behaviours" /
+                                                                       f"{name}.py") and naming.search(p.read_text())]
+        assert others == [], f"{name} is imported beside its line and its test file: {others}"

@@ -1,6 +1,7 @@
 """What keeping the ranks equal costs at each epoch's end: the checksum of every tensor and number
-a rank must share (behaviours.rank_agreement.shared_state: weights or O2 masters, buffers, optimizer, scheduler,
-loss scaler, EMA, the network as trained), against one training step, per implementation and amp level.
+a rank must share (the rank check's shared_state, a behaviour of a run of several processes: weights or O2
+masters, buffers, optimizer, scheduler, loss scaler, EMA, the network as trained), against one training step,
+per implementation and amp level. Without that behaviour (a forker removed it) there is nothing to time.
 
 python scripts/bench.py ranks [--width 1.0] [--resolution 32] [--batch-size 32] [--steps 5]
                               [--rounds 5] [--json FILE] [key.sub=value ...]
@@ -23,11 +24,13 @@ def timed(args, overrides, impl, level):
     from mobilenet.device import open_device, synchronize
     from mobilenet.distributed import checksum
     from mobilenet.optim import SETTINGS
-    from mobilenet.behaviours.rank_agreement import shared_state
+    from mobilenet.behaviours import behaviours_for
     from mobilenet.state import TrainingState
     cfg = resolve(build_config(ROOT / "configs" / "synthetic.yaml", [
         f"model.width_mult={args.width}", f"model.resolution={args.resolution}",
         f"data.batch_size={args.batch_size}", f"amp.level={level}", *SETTINGS[impl], *overrides]))
+    several = {**cfg, "derived": {**cfg["derived"], "world_size": 2}}  # the behaviours of a job of two
+    shared_state = next(b for b in behaviours_for(several) if hasattr(b, "shared_state")).shared_state
     device = open_device(cfg["derived"]["device"])
     state = TrainingState(cfg, device, steps_per_epoch=1000)
     state.step.train()
