@@ -204,7 +204,7 @@ def check_same_job(r):
     """Every process trains what rank 0 trains: the same resolved config (less what locates things
     on its machine, config.PER_PROCESS) and the same data records, compared before anything is
     loaded or trained; a difference is one line naming the first rank that differs, on every rank."""
-    everyone = every_rank((r.cfg, r.state.data))
+    everyone = every_rank((r.cfg, r.state.records["data"]))
     settings, data = everyone[0]
     for rank, (their_settings, their_data) in enumerate(everyone[1:], start=1):
         differ = differing_settings(settings, their_settings)

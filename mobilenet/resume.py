@@ -182,7 +182,7 @@ def check_resumable(state, checkpoint, path):
                          f"epoch's start with train.resume_next_epoch=true, leave train.grad_accum_steps and "
                          f"data.global_batch at auto to keep the checkpoint's, or resume from a checkpoint written "
                          f"at an epoch's end")
-    changed = data_changes(checkpoint.get("data"), state.data)
+    changed = data_changes(checkpoint.get("data"), state.records["data"])
     if epoch_step and changed and "train:" in changed and not cfg["train"]["resume_next_epoch"]:
         raise UsageError(f"{path}: stopped mid-epoch (epoch {epoch}, batch {epoch_step}) on "
                          f"other data ({changed}), so that epoch cannot go on; restore the data, or go on "
@@ -214,7 +214,7 @@ def changes_since(state, checkpoint):
         unknown = sorted(str(key) for key in checkpoint if key not in ckpt.KEYS)
         if unknown:
             notes.append(f"the checkpoint's keys {', '.join(unknown[:8])} are not this app's; ignored")
-    changed = data_changes(checkpoint.get("data"), state.data)
+    changed = data_changes(checkpoint.get("data"), state.records["data"])
     if not checkpoint.get("data"):
         notes.append("the checkpoint records no description of its data (written before they were "
                      "recorded), so whether the data changed could not be checked")

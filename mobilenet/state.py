@@ -38,10 +38,6 @@ class TrainingState:
         self.rng_start = training_seed(cfg["seed"], rank, 0)
         self.records = records or {"config": None, "data": None}
 
-    @property
-    def data(self):
-        return self.records["data"]
-
     def start_random_states(self):
         """This rank's random generators as the position says (before the first step): whatever
         the process drew from them before (another run, a cost estimate) changes no draw."""
@@ -61,8 +57,7 @@ class TrainingState:
         return loss
 
     def step_schedule(self):
-        """The LR schedule's step after an optimizer step (torch checks their order at its first
-        step only: where the loss scaler skipped that one, schedule_at says nothing)."""
+        """The LR schedule's step (the first through schedule_at: a skipped first step is no mistake)."""
         if self.global_step:
             self.scheduler.step()
         else:

@@ -55,7 +55,8 @@ class Watchdog:
         self.wakeup_read, write = os.pipe()
         os.set_blocking(write, False)
         self.previous_wakeup = signal.set_wakeup_fd(write)
-        threading.Thread(target=self.count_signals, name="second-signal", daemon=True).start()
+        threading.Thread(target=end_on_second_interrupt, args=(self.wakeup_read, self.stopped), name="second-signal",
+                         daemon=True).start()
         if self.timeout > 0:
             threading.Thread(target=self.check, name="stall-watchdog", daemon=True).start()
             if self.world.size > 1:
@@ -65,29 +66,6 @@ class Watchdog:
     def __exit__(self, *exc):
         self.stopped.set()
         os.close(signal.set_wakeup_fd(self.previous_wakeup))
-
-    def count_signals(self):
-        """The second SIGINT (Ctrl-C) ends the process now, in one line; the first asks for a stop.
-        Only SIGINT: a SIGTERM often arrives twice for one request (Slurm signals every process of
-        the step and torchrun passes its own on), and must still let the run save; a SIGINT within
-        1 s of the first counts as the same request."""
-        first = None
-        while True:
-            try:
-                numbers = os.read(self.wakeup_read, 64)
-            except OSError:
-                return
-            if not numbers:  # __exit__ closed the write end
-                os.close(self.wakeup_read)
-                return
-            for number in numbers:
-                if number == signal.SIGINT and not self.stopped.is_set():
-                    if first is None or time.monotonic() - first < 1.0:  # one delivery, doubled
-                        first = first or time.monotonic()
-                    else:
-                        name = signal.Signals(number).name
-                        end_process(STOPPED.format(name=name), 128 + number,
-                                    echo=not os.environ.get(ERROR_DIR))
 
     @contextlib.contextmanager
     def waiting(self, what):
@@ -176,42 +154,74 @@ class Watchdog:
             return "it waits for a batch from the data loader; " + describe_workers(self.data_path)
         if self.world.size == 1:
             return "the training step itself does not return (the device, or a hung collective)"
-        verdict = read_verdict(self.world.size)
-        if verdict:
-            return verdict
-        before, before_at = read_progress(self.world.size), time.time()
-        if before is None:
-            return (f"the job's store does not answer within {STORE_ANSWER_S:g} s, so rank 0 (or the "
-                    f"launcher that hosts it) is stopped or gone")
-        time.sleep(2.5 * PUBLISH_EVERY_S)  # a live rank says so again meanwhile; a stopped one cannot
-        after, verdict = read_progress(self.world.size), read_verdict(self.world.size)
-        if verdict:  # another rank waited as long and ended meanwhile: not a culprit
-            return verdict
-        now, others = time.time(), [rank for rank in range(self.world.size) if rank != self.world.rank]
-        progress = after if after is not None else before  # the store's host ended meanwhile (its own stall)
+        return peer_cause(self.world, self.step, self.timeout)
 
-        def silent(rank):  # two reports tell without comparing clocks (nodes' clocks differ)
-            if rank not in progress:
-                return True
-            if after is not None and rank in before:
-                return progress[rank][2] == before[rank][2]
-            return before_at - progress[rank][2] > 2.5 * PUBLISH_EVERY_S  # as it stood at the first read
-        stopped = [rank for rank in others if silent(rank)]
-        # a live peer whose last progress is recent by its own clock: the job goes on, this rank waits for it
-        if any(progress[rank][2] - progress[rank][1] < self.timeout for rank in others if rank not in stopped):
-            return None
-        if stopped:  # the ranks keep in step (a collective every step): it stopped within one of this one's
-            return "; ".join(f"rank {rank} " + (f"has not answered for {now - progress[rank][2]:.0f} s (stopped or "
-                                                f"gone) at global step {self.step} or the one before (its last "
-                                                f"report: global step {progress[rank][0]})"
-                                                if rank in progress else
-                                                "has reported no progress (stopped or gone before its first report)")
-                             for rank in stopped) + "; the others wait for it"
-        waiting_for_data = [rank for rank in others if progress[rank][3] in ("data", "val-data")]
-        if waiting_for_data:
-            return (f"rank(s) {', '.join(map(str, waiting_for_data))} make no progress and wait for their "
-                    f"data loader (a loader worker is stuck there); the others wait for them")
-        return "every rank is alive and makes no progress (a hung collective?)"
+
+def end_on_second_interrupt(wakeup_read, stopped):
+    """The second SIGINT (Ctrl-C) ends the process now, in one line; the first asks for a stop.
+    Only SIGINT: a SIGTERM often arrives twice for one request (Slurm signals every process of
+    the step and torchrun passes its own on), and must still let the run save; a SIGINT within
+    1 s of the first counts as the same request."""
+    first = None
+    while True:
+        try:
+            numbers = os.read(wakeup_read, 64)
+        except OSError:
+            return
+        if not numbers:  # __exit__ closed the write end
+            os.close(wakeup_read)
+            return
+        for number in numbers:
+            if number == signal.SIGINT and not stopped.is_set():
+                if first is None or time.monotonic() - first < 1.0:  # one delivery, doubled
+                    first = first or time.monotonic()
+                else:
+                    name = signal.Signals(number).name
+                    end_process(STOPPED.format(name=name), 128 + number,
+                                echo=not os.environ.get(ERROR_DIR))
+
+
+
+def peer_cause(world, step, timeout):
+    """What a rank of several that makes no progress waits for, from the ranks' reports in the job's
+    store (one read, then another after 2.5 reports' time); None when that is a peer that makes
+    progress."""
+    verdict = read_verdict(world.size)
+    if verdict:
+        return verdict
+    before, before_at = read_progress(world.size), time.time()
+    if before is None:
+        return (f"the job's store does not answer within {STORE_ANSWER_S:g} s, so rank 0 (or the "
+                f"launcher that hosts it) is stopped or gone")
+    time.sleep(2.5 * PUBLISH_EVERY_S)  # a live rank says so again meanwhile; a stopped one cannot
+    after, verdict = read_progress(world.size), read_verdict(world.size)
+    if verdict:  # another rank waited as long and ended meanwhile: not a culprit
+        return verdict
+    now, others = time.time(), [rank for rank in range(world.size) if rank != world.rank]
+    progress = after if after is not None else before  # the store's host ended meanwhile (its own stall)
+
+    def silent(rank):  # two reports tell without comparing clocks (nodes' clocks differ)
+        if rank not in progress:
+            return True
+        if after is not None and rank in before:
+            return progress[rank][2] == before[rank][2]
+        return before_at - progress[rank][2] > 2.5 * PUBLISH_EVERY_S  # as it stood at the first read
+    stopped = [rank for rank in others if silent(rank)]
+    # a live peer whose last progress is recent by its own clock: the job goes on, this rank waits for it
+    if any(progress[rank][2] - progress[rank][1] < timeout for rank in others if rank not in stopped):
+        return None
+    if stopped:  # the ranks keep in step (a collective every step): it stopped within one of this one's
+        return "; ".join(f"rank {rank} " + (f"has not answered for {now - progress[rank][2]:.0f} s (stopped or "
+                                            f"gone) at global step {step} or the one before (its last "
+                                            f"report: global step {progress[rank][0]})"
+                                            if rank in progress else
+                                            "has reported no progress (stopped or gone before its first report)")
+                         for rank in stopped) + "; the others wait for it"
+    waiting_for_data = [rank for rank in others if progress[rank][3] in ("data", "val-data")]
+    if waiting_for_data:
+        return (f"rank(s) {', '.join(map(str, waiting_for_data))} make no progress and wait for their "
+                f"data loader (a loader worker is stuck there); the others wait for them")
+    return "every rank is alive and makes no progress (a hung collective?)"
 
 
 def default_store():
