@@ -65,8 +65,8 @@ def exit_code(action, run_dir=lambda: None, ending=False):
     try:
         action()
         return report("", 0)
-    except UsageError as e:
-        return report(f"error: {one_line(e)}", EXIT_USAGE)
+    except UsageError as e:  # under the launcher, it says the line once for every rank
+        return report(f"error: {one_line(e)}", EXIT_USAGE, echo=not os.environ.get(ERROR_DIR))
     except TrainingFailure as e:
         return report(f"error: {one_line(e)}", EXIT_FAILURE)
     except KeyboardInterrupt:  # raised by code the action runs (a stop signal here is exit_at_once's)

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, STOP_SIGNALS, STOPPED, exit_code
+from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, EXIT_USAGE, STOP_SIGNALS, STOPPED, exit_code
 
 
 def main(argv=None):
@@ -74,7 +74,7 @@ def launch(torchrun, args, errors):
         print(f"{node}: meeting the other nodes at {args.rdzv_endpoint} (torchrun waits "
               f"{rendezvous_timeout(args)} s for them)", flush=True)
     for name in QuietEnding.LOGGERS:
-        logging.getLogger(name).addFilter(QuietEnding())
+        logging.getLogger(name).addFilter(QuietEnding(errors))
     try:
         torchrun.run(args)
     except SignalException as e:  # torchrun passed it on and waited for the workers to end
@@ -82,10 +82,11 @@ def launch(torchrun, args, errors):
             signal.signal(stop, signal.SIG_IGN)
         return signalled(e.sigval.name, outcomes(errors), args)
     except ChildFailedError as e:
-        print(e, file=sys.stderr)
         ended = {rank: failure.signal_name() if failure.exitcode < 0 else failure.exitcode
                  for rank, failure in e.failures.items()}
         code, line = likely_cause(ended, outcomes(errors))
+        if code != EXIT_USAGE:  # a refusal is its line alone: nothing failed
+            print(e, file=sys.stderr)
         print(line, file=sys.stderr, flush=True)
         return code
     except RendezvousError as e:
@@ -123,12 +124,23 @@ def launch(torchrun, args, errors):
 class QuietEnding(logging.Filter):
     """Leaves out torchrun's logs of a job's ending that the launcher's last line says better: the
     exit barrier and the rendezvous's shut-down failing because the node that hosts the store left
-    first (a traceback with C++ frames, after every worker ended well)."""
+    first (a traceback with C++ frames, after every worker ended well), and, once a worker refused
+    its settings (exit 2, its line in ``errors``), the workers' ends that follow from it."""
     ENDINGS = ("Error waiting on exit barrier", "has failed to shutdown the rendezvous")
-    LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    AFTER_REFUSAL = ("Sending process", "failed (exitcode")
+    LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
+               "torch.distributed.elastic.multiprocessing.api")
+
+    def __init__(self, errors):
+        super().__init__()
+        self.errors = errors
 
     def filter(self, record):
-        return not any(ending in str(record.msg) for ending in self.ENDINGS)
+        text = str(record.msg)
+        if any(ending in text for ending in self.ENDINGS):
+            return False
+        return not (any(part in text for part in self.AFTER_REFUSAL)
+                    and any(code == EXIT_USAGE for code, _ in outcomes(self.errors).values()))
 
 
 def finished_here(errors, args):

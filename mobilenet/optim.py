@@ -153,8 +153,8 @@ def check_settings(optim):
     one tensor, so a row a forker adds is checked as its class checks it."""
     algorithm, hyper = ALGORITHMS[optim["name"]], hyperparameters(optim)
     try:
-        algorithm.torch_class([torch.zeros(1, requires_grad=True)], lr=optim["lr"],
-                              weight_decay=optim["weight_decay"], **hyper)
+        algorithm.torch_class([{"params": [torch.zeros(1, requires_grad=True)],
+                                "weight_decay": optim["weight_decay"]}], lr=optim["lr"], **hyper)
     except ValueError as e:
         given = ", ".join(f"optim.{key}={value}" for key, value in hyper.items())
         raise UsageError(f"optim.name={optim['name']} with {given}: {algorithm.torch_class.__name__} refuses "

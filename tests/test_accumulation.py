@@ -3,6 +3,7 @@ one process accumulating A forwards trains what A processes train, forward by fo
 stopped mid-epoch goes on with another number of processes at the same global batch. Processes
 run with OMP_NUM_THREADS=1 (as torchrun starts them), so their float sums are the same."""
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -85,12 +86,33 @@ def test_two_processes_stopped_mid_epoch_go_on_as_one(two_processes, digits, tmp
     assert proc.returncode == 0, stderr[-2000:]
     stopped = load_checkpoint(out / "checkpoints" / "last.pt")
     assert 4 <= stopped["epoch_step"] < 8 and len(stopped["rng"]) == 2
+    # another global batch on 2 processes: refused mid-epoch in one line, once, naming the way on
+    other = train_sh("--nproc", "2", *RUN, "--data", digits, "--output", out, "--resume", "auto",
+                     "--grad-accum-steps", "2", env=ONE_THREAD)
+    assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1, other.stderr[-3000:]
+    assert "at global batch 32; this run's is 64" in other.stderr and "train.resume_next_epoch=true" in other.stderr
     resumed = train_py(*RUN, "--data", digits, "--output", out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert ("note: the checkpoint trained with 2 process(es) x data.batch_size 16 x 1 forward(s) = global batch 32, "
             "lr 0.1; this run has 1 x 16 x 2 = 32, lr 0.1, the same global batches") in resumed.stdout
     ours, theirs = weights(out), weights(two_processes)
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    # the position counts global batches (optimizer steps), not forwards: as the straight run's
+    went_on, straight = (load_checkpoint(run / "checkpoints" / "last.pt") for run in (out, two_processes))
+    assert went_on["global_step"] == straight["global_step"] == 8
+    assert went_on["scheduler"]["last_epoch"] == straight["scheduler"]["last_epoch"]
+
+
+def test_each_rank_draws_from_a_generator_seeded_for_its_rank(two_processes):
+    """Every rank's random generators are seeded from (seed, rank, step): the ranks' states differ,
+    and each is what its own seed gives (MobileNetV1 draws nothing in its forward)."""
+    from mobilenet.state import training_seed
+    saved = load_checkpoint(two_processes / "checkpoints" / "last.pt")
+    seed = saved["config"]["seed"]
+    for rank, states in enumerate(saved["rng"]):
+        torch.manual_seed(training_seed(seed, rank, 0))
+        assert torch.equal(states["torch"], torch.get_rng_state()), rank
+    assert not torch.equal(saved["rng"][0]["torch"], saved["rng"][1]["torch"])
 
 
 def test_four_forwards_on_one_process_against_four_processes(digits, tmp_path):
@@ -171,7 +193,6 @@ def test_every_implementation_accumulates_what_one_batch_trains(implementation, 
 def test_the_breakdown_counts_an_optimizer_steps_ops_under_accumulation(tmp_path):
     """train.measure_breakdown counts the ops of the third optimizer step, whatever forwards fill
     it: the optimizer's ops are the same with two forwards a step as with one, the step's more."""
-    import json
     import train
     counted = {}
     for forwards in (1, 2):
@@ -182,3 +203,15 @@ def test_the_breakdown_counts_an_optimizer_steps_ops_under_accumulation(tmp_path
     assert counted[1]["optimizer_ops_per_step"] > 100  # the loop's ops for MobileNetV1's tensors
     assert counted[2]["optimizer_ops_per_step"] == counted[1]["optimizer_ops_per_step"]
     assert counted[2]["step_ops_per_step"] > counted[1]["step_ops_per_step"]
+
+
+def test_a_step_of_two_forwards_all_reduces_the_grads_once(tmp_path):
+    """DDP's no_sync around every forward but the last: a step of two forwards makes as many
+    gradient all-reduces as a step of one (the results would be equal either way; the traffic not)."""
+    out = tmp_path / "counts.json"
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(ROOT / "tests" / "count_allreduces.py"), str(out)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env={**ONE_THREAD, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = json.loads(out.read_text())
+    assert counts["one forward"] > 0 and counts["two forwards"] == counts["one forward"], counts
