@@ -7,7 +7,8 @@
 # Restart after a failure:          --max-restarts N (torchrun's own; every rank resumes from rank 0's
 #                                   newest checkpoint; see train.checkpoint_every_minutes)
 # Elastic, MIN to MAX nodes:        --nnodes MIN:MAX --max-restarts N (a node lost or come back is a
-#                                   restart; the run keeps its global batch, accumulating forwards)
+#                                   restart; the run keeps its global batch, accumulating forwards;
+#                                   --last-call S: once MIN nodes met, how long they wait for more, 30)
 # Every other flag (--optimizer, --device, --data, --config, key.sub=value, ...) goes to train.py.
 # The launcher flags of ModelZoo's and pytorch/examples' main.py that mean one thing on one node:
 #   --addr HOST                     = --master-addr HOST
@@ -17,18 +18,18 @@
 set -euo pipefail
 
 nproc="" nnodes=1 node_rank=0 master_addr="" master_port=29500 max_restarts=0 rdzv_id=mobilenet
-join_timeout=600
+join_timeout=600 last_call=30
 cards="" cards_flag=""
 forward=()
 fail() { echo "error: $1" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   flag="$1"
   case "$flag" in
-    --nproc|--nnodes|--node-rank|--master-addr|--master-port|--max-restarts|--rdzv-id|--join-timeout|--addr|\
+    --nproc|--nnodes|--node-rank|--master-addr|--master-port|--max-restarts|--rdzv-id|--join-timeout|--last-call|--addr|\
     --device-list|--device_list|--device_id|--device-id|--gpu)
       [ $# -ge 2 ] || fail "$flag needs a value"
       value="$2"; shift ;;
-    --nproc=*|--nnodes=*|--node-rank=*|--master-addr=*|--master-port=*|--max-restarts=*|--rdzv-id=*|--join-timeout=*|\
+    --nproc=*|--nnodes=*|--node-rank=*|--master-addr=*|--master-port=*|--max-restarts=*|--rdzv-id=*|--join-timeout=*|--last-call=*|\
     --addr=*|--device-list=*|--device_list=*|--device_id=*|--device-id=*|--gpu=*)
       value="${flag#*=}"; flag="${flag%%=*}" ;;
     *) forward+=("$flag"); shift; continue ;;
@@ -45,6 +46,7 @@ while [ $# -gt 0 ]; do
     --max-restarts) max_restarts="$value" ;;
     --rdzv-id) rdzv_id="$value" ;;
     --join-timeout) join_timeout="$value" ;;
+    --last-call) last_call="$value" ;;
     --device-list|--device_list|--device_id|--device-id|--gpu)
       [ -z "$cards_flag" ] || fail "$cards_flag and $flag both choose the cards; give one"
       [[ "$value" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "$flag needs card numbers like 0 or 0,1,2,3, got '$value'"
@@ -74,6 +76,7 @@ else
 fi
 whole --nproc "$nproc"; whole --node-rank "$node_rank"
 whole --master-port "$master_port"; whole --max-restarts "$max_restarts"; whole --join-timeout "$join_timeout"
+whole --last-call "$last_call"
 [ "$join_timeout" -ge 1 ] || fail "--join-timeout must be at least 1 (seconds), got $join_timeout"
 [ "$nproc" -ge 1 ] || fail "--nproc must be at least 1 (processes on this node, one per card), got $nproc"
 [ "$max_nodes" -ge 1 ] || fail "--nnodes must be at least 1, got $nnodes"
@@ -91,7 +94,7 @@ if [ "$max_nodes" -eq 1 ]; then
 else  # torchrun's c10d rendezvous; the host at --master-addr serves it (node ranks follow from it)
   rendezvous=(--nnodes "$nnodes" --node-rank "$node_rank" --rdzv-backend c10d
               --rdzv-endpoint "$master_addr:$master_port" --rdzv-id "$rdzv_id"
-              --rdzv-conf "join_timeout=$join_timeout")
+              --rdzv-conf "join_timeout=$join_timeout,last_call_timeout=$last_call")
 fi
 if [ "$max_restarts" -gt 0 ]; then
   # a restarted round must not read the previous round's store keys (pytorch/pytorch#135712):

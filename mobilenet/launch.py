@@ -69,10 +69,9 @@ def launch(torchrun, args, errors):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
     several = node_count(args) > 1
-    node = f"node {args.node_rank} of {node_count(args)}" if several else "this node"
+    node = f"node {args.node_rank} of {str(args.nnodes).replace(':', ' to ')}" if several else "this node"
     if several:
-        print(f"{node}: meeting the other nodes at {args.rdzv_endpoint} (torchrun waits "
-              f"{rendezvous_timeout(args)} s for them)", flush=True)
+        print(f"{node}: meeting the other nodes at {args.rdzv_endpoint} ({waits(args)})", flush=True)
     for name in QuietEnding.LOGGERS:
         logging.getLogger(name).addFilter(QuietEnding(errors))
     try:
@@ -211,9 +210,21 @@ def node_count(args):
     return int(str(args.nnodes).split(":")[-1])
 
 
-def rendezvous_timeout(args):
+def rendezvous_timeout(args, key="join_timeout", default=600):
+    """A wait of torchrun's --rdzv-conf, in seconds (torch's defaults: join 600, last call 30)."""
     conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
-    return conf.get("join_timeout", 600)
+    return int(conf.get(key, default))
+
+
+def waits(args):
+    """What the rendezvous waits for: all the nodes, or under MIN:MAX the first MIN and then, for
+    the last call, the rest up to MAX (a job of MIN nodes starts only after it)."""
+    low, _, high = str(args.nnodes).partition(":")
+    if not high or low == high:
+        return f"torchrun waits {rendezvous_timeout(args)} s for them"
+    first = "1 node (this one)" if low == "1" else f"{low} nodes (this one included)"
+    return (f"torchrun waits up to {rendezvous_timeout(args)} s for {first}, then "
+            f"{rendezvous_timeout(args, 'last_call_timeout', 30)} s more (--last-call) for up to {high}")
 
 
 if __name__ == "__main__":

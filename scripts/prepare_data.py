@@ -34,14 +34,19 @@ def main(argv=None):
         signal.signal(stop, interrupt)
     try:
         return prepare(args)
-    except KeyboardInterrupt:
-        print(f"\nstopped: {args.dst} is not prepared yet (no prepared.json: it does not train); the same "
-              f"command continues from its last whole shard", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
+        print(f"\n{signal.Signals(signum).name}: stopped: {args.dst} is not prepared yet (no prepared.json: it "
+              f"does not train); the same command continues from its last whole shard", file=sys.stderr)
+        return 128 + signum  # as train.py's: 128 + the signal's number
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal, raised as Ctrl-C is, with its number (args[0]) for the exit code."""
 
 
 def interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise Stopped(signum)
 
 
 def prepare(args):

@@ -259,6 +259,22 @@ def test_a_node_whose_partner_never_arrives_exits_with_a_line():
         f"job with other ones)")
 
 
+def test_a_node_range_says_the_minimum_and_its_wait_and_starts_with_the_nodes_that_came(tmp_path):
+    """--nnodes 1:2 on one node: the first line names the minimum and the last call's wait, which
+    the job waits (--last-call 3) before it trains on the one node."""
+    started = time.monotonic()
+    result = subprocess.run(["bash", "train.sh", *ONE_RANK_EACH, "--nproc", "1", "--nnodes", "1:2", "--node-rank", "0",
+                             "--master-port", str(port := free_port()), "--last-call", "3", "--join-timeout", "60",
+                             "--epochs", "1", "train.max_steps=2", "--output", str(tmp_path / "run")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == (f"node 0 of 1 to 2: meeting the other nodes at 127.0.0.1:{port} (torchrun waits up to 60 s "
+                        f"for 1 node (this one), then 3 s more (--last-call) for up to 2)")
+    assert lines[-1] == "node 0 of 1 to 2: the job ended"
+    assert time.monotonic() - started >= 3
+
+
 def test_a_bad_setting_under_nproc_is_one_line_before_torchrun_starts(tmp_path):
     result = train_sh("--nproc", "2", "--data", "synthetic", "optim.lr=-1", "--output", tmp_path / "run")
     assert result.returncode == 2

@@ -385,7 +385,7 @@ def test_train_py_and_the_launchers_agree_on_the_launcher_flags():
     parser = build_parser("train.py")
     takes = {option for action in parser._actions for option in action.option_strings}
     for flag in ours - {"--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--max-restarts",
-                        "--rdzv-id", "--join-timeout"}:
+                        "--rdzv-id", "--join-timeout", "--last-call"}:
         assert flag in takes, flag  # a flag of their main.py: train.py takes or refuses it
         if flag in REFUSED:
             assert "train.sh" in REFUSED[flag][1], flag

@@ -171,7 +171,8 @@ def test_a_stop_or_a_dead_worker_is_one_line_and_the_same_command_completes_it(s
     if ending == "a dead worker":  # the kernel's out-of-memory killer, say
         os.kill(max(process_tree(proc.pid)[1:]), signal.SIGKILL)
     else:  # to the whole job, as a terminal or `timeout` does
-        os.killpg(proc.pid, signal.SIGINT if ending == "Ctrl-C" else signal.SIGTERM)
+        stop = signal.SIGINT if ending == "Ctrl-C" else signal.SIGTERM
+        os.killpg(proc.pid, stop)
     _, stderr = proc.communicate(timeout=60)
     lines = [line for line in stderr.decode().replace("\r", "\n").splitlines()
              if line.strip() and "train: [" not in line]
@@ -180,9 +181,9 @@ def test_a_stop_or_a_dead_worker_is_one_line_and_the_same_command_completes_it(s
                                                   "of memory?); the whole shards written before stay: run the same "
                                                   "command again to continue"], stderr
     else:
-        assert proc.returncode == 130 and lines == [f"stopped: {dst} is not prepared yet (no prepared.json: it does "
-                                                    f"not train); the same command continues from its last whole "
-                                                    f"shard"], stderr
+        assert proc.returncode == 128 + stop and lines == [
+            f"{stop.name}: stopped: {dst} is not prepared yet (no prepared.json: it does not train); the same "
+            f"command continues from its last whole shard"], stderr
     assert not (dst / "prepared.json").exists()
     done = prepare_data(slow_source, dst)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
