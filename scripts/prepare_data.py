@@ -50,7 +50,7 @@ def interrupt(signum, frame):
 
 
 def prepare(args):
-    from mobilenet.data.prepare import prepare as write
+    from mobilenet.data.prepared import prepare as write
     from mobilenet.errors import TrainingFailure, UsageError
 
     def say(line, end="\n"):

@@ -109,9 +109,8 @@ def digits_root():
 
 def prepared_example(folder):
     """The digits, prepared (scripts/prepare_data.py) into ``folder``/prepared."""
-    from mobilenet.data.prepare import prepare  # the writer: imported by this example alone
     destination = Path(folder) / "prepared"
-    prepare(digits_root(), destination, say=lambda line, end="\n": None, workers=1)
+    prepared.prepare(digits_root(), destination, say=lambda line, end="\n": None, workers=1)
     return str(destination)
 
 
