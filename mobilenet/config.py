@@ -351,10 +351,11 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     """The run's read-only config: ``cfg``'s settings plus ``derived``, computed here once.
 
     derived: device (npu|cuda|cpu), world_size, global_batch, lr (optim.lr, scaled to the global
-    batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the implementation that runs:
-    loop|foreach|torch_fused|npu_fused|apex_npu_fused) and optimizer_class (what it is, for the log and
-    summary), amp_backend (none|native|apex), workers (data.workers, auto resolved), decode and
-    decode_why (workers|device), compile (torch.compile's backend and mode, or None) and compile_why,
+    batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the one that runs,
+    a key of optim.IMPLEMENTATIONS: loop|foreach|torch_fused|npu_fused|apex_npu_fused|plain) and
+    optimizer_class (what it is, for the log and summary), amp_backend (none|native|apex), workers
+    (data.workers, auto resolved), decode and decode_why (workers|device), compile (torch.compile's
+    backend and mode, or None) and compile_why,
     not_taken (the settings the chosen rows of the four tables do not take: settings_not_taken).
     ``output`` defaults to
     runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:

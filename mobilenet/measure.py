@@ -1,7 +1,7 @@
 """What the training loop measures about itself: where an epoch's time goes (EpochMeter), the run's
 clock (RunClock), dispatched-op counts (per step phase), the step's time breakdown, the other
 processes' share of the CPU. Below the engine; the benchmark harness that drives whole runs is
-scripts/benchmarks/harness.py, above it; profiler traces are mobilenet/profile.py's."""
+scripts/benchmarks/harness.py, above it. And profiler traces of a few steps, phases as ranges."""
 import contextlib
 import os
 import time

@@ -1,5 +1,6 @@
-"""Datasets (images with per-image error handling: a folder of files; synthetic images), their
-loaders, and the cores this process may use. Which dataset a data.path gives: data/sources.py."""
+"""Datasets (images with per-image error handling: a folder of files; synthetic images), the
+samplers (a shuffle that resumes mid-epoch, each virtual rank's share) and the loaders. Which
+dataset a data.path gives: data/sources.py."""
 import contextlib
 import hashlib
 import multiprocessing

@@ -3,7 +3,9 @@ bundled digits, a prepared set, and, for any other path, an ImageFolder); the so
 a path gives its datasets, the images it trains on counted (train.compile auto), the bytes of an
 image decoded (data.workers auto), the recipe train.py starts from without --config and the
 settings it takes. Every dataset gives its own data record (record_lines) and its length, over
-which the resumable shuffle runs. Adding a source is one entry, wherever it stands."""
+which the resumable shuffle runs. Adding a source is a row of SOURCES (a Source: what it
+claims, its datasets, counts, recipe, settings and example) and, where its images are a new kind,
+a dataset class with ``record_lines()`` and ``__len__`` (as ImageSamples and SyntheticImages)."""
 import itertools
 import os
 import shutil

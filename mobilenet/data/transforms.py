@@ -1,5 +1,5 @@
 """Decoding in the loader's workers: file bytes -> uint8 CHW RGB tensors (the crops that ask for
-them: data/crops.py).
+them: TrainCrop and ValCrop, below).
 
 JPEGs decode with libjpeg-turbo (simplejpeg), at 1/2, 1/4 or 1/8 scale whenever the caller keeps
 its output resolution; images resize with torch's antialiased bilinear on uint8.
