@@ -1,11 +1,17 @@
 """train.py's command line: its own flags, the flags of pytorch/examples' imagenet/main.py and of
-Ascend ModelZoo's MobileNetV1 main.py (each mapped to the setting with the meaning it has there),
-the data folder as a positional argument, and ``key.sub=value`` settings; into a resolved config.
+Ascend ModelZoo's MobileNetV1 main.py (the dialects, below: each flag set to the one setting with
+the meaning it has there, per-node values converted to per process and said in
+derived.command_line, their launcher flags refused with what to run instead, and ModelZoo's own
+way of starting the processes of a job: --distributed, RANK_SIZE and RANK_ID), the data folder as
+a positional argument, and ``key.sub=value`` settings; into a resolved config. A ModelZoo
+checkpoint's continuation on --resume is mobilenet/resume.py's.
 
 Layers, later winning: the recipe (--config), then flags, then ``key.sub=value``. A flag and a
 ``key.sub=value`` (or two flags) that set one setting to different values are a UsageError.
 """
+
 import argparse
+import math
 import os
 import re
 from pathlib import Path
@@ -15,8 +21,9 @@ import torch
 from mobilenet.amp import LEVELS
 from mobilenet.config import CHOICES, FLAGS, build_config, coerce_setting, parse_override, resolve
 from mobilenet.device import DEVICES
-from mobilenet.dialects import add_dialect_flags, dialect_settings, modelzoo_ranks, node_processes
 from mobilenet.errors import UsageError
+from mobilenet.measure import PROFILED_STEPS
+from mobilenet.model import MODELS, model_name
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
@@ -125,3 +132,232 @@ def config_from_args(args, probe=True):
     settings = {key: value for key, (value, _) in chosen.items()}
     return resolve(build_config(config_path, overrides, settings), name=config_path.stem,
                    command_line=notes, probe=probe)
+
+
+# The dialects: pytorch/examples' imagenet/main.py and ModelZoo's MobileNetV1 main.py
+# Launcher flags of those scripts that cannot keep their meaning in one train.py process: each is
+# refused, naming what to run instead (train.sh maps --addr and --device-list itself).
+PER_CARD = "start one process per card with bash train.sh --nproc N"
+REFUSED = {
+    "--multiprocessing-distributed": (0, PER_CARD),
+    "--rank": (1, "give the node's rank: bash train.sh --node-rank R (torchrun numbers the processes)"),
+    "--dist-url": (1, "the ranks meet at MASTER_ADDR:MASTER_PORT (127.0.0.1:29688 under --distributed, as "
+                      "main.py sets them); set those, or start the job with bash train.sh --master-addr HOST "
+                      "--master-port PORT"),
+    "--dist-backend": (1, "drop it: the backend follows the device (hccl on npu, nccl on cuda, gloo on "
+                          "cpu; see --device)"),
+    "--addr": (1, "give it to the launcher: bash train.sh --addr HOST (= --master-addr HOST)"),
+    "--device-list": (1, "give it to the launcher: bash train.sh --device-list 0,1,.. (a process per card)"),
+    "--device_list": (1, "give it to the launcher: bash train.sh --device_list 0,1,.. (a process per card)"),
+    "--start-epoch": (1, "resume instead: --resume FILE|auto (the epoch comes from the checkpoint)"),
+}
+# --distributed as ModelZoo's main.py: the ranks meet here unless the environment says otherwise
+MODELZOO_MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29688"}
+MODELZOO_LOSS_SCALE = 1024.0  # main.py's --loss-scale-value default, which --apex uses
+
+
+def refusal(guidance):
+    class Refuse(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            raise UsageError(f"{option_string}: train.py does not take it; {guidance}")
+    return Refuse
+
+
+
+def add_dialect_flags(p):
+    g = p.add_argument_group(
+        "flags of pytorch/examples imagenet/main.py and Ascend ModelZoo's main.py",
+        "Each sets one setting with the meaning it has there; the log and config.yaml "
+        "(derived.command_line) say what each became. Per node means over this node's processes "
+        "(torchrun's LOCAL_WORLD_SIZE, 1 without torchrun).")
+    g.add_argument("-b", "--batch-size", "--batch_size", type=int, metavar="N",
+                   help="the batch of this node's processes together, divided among them "
+                        "(data.batch_size is per process); must divide evenly")
+    g.add_argument("--lr", "--learning-rate", type=float, dest="learning_rate", metavar="LR",
+                   help="the learning rate, used as given (optim.lr; optim.lr_scale_batch=0)")
+    g.add_argument("--momentum", type=float, metavar="M", help="optim.momentum")
+    g.add_argument("--wd", "--weight-decay", type=float, dest="weight_decay", metavar="W",
+                   help="optim.weight_decay")
+    g.add_argument("-j", "--workers", type=int, metavar="N",
+                   help="loader workers of this node, divided among its processes rounding up "
+                        "(data.workers is per process)")
+    g.add_argument("-p", "--print-freq", type=int, metavar="N", help="train.log_every")
+    g.add_argument("--seed", type=int, help="seed")
+    g.add_argument("--dummy", action="store_true", default=None, help="synthetic data (--data synthetic)")
+    g.add_argument("--no-accel", action="store_true", default=None, help="train on the cpu (--device cpu)")
+    g.add_argument("-a", "--arch", metavar="ARCH",
+                   help=f"model.name: {', '.join(MODELS)} or a classification model of torchvision's "
+                        f"(mobilenet, ModelZoo's name, is mobilenet_v1)")
+    g.add_argument("--pretrained", action="store_true", default=None,
+                   help="refused: main.py downloads torchvision weights; here pass model.pretrained=FILE")
+    g.add_argument("--apex", action="store_true", default=None,
+                   help="mixed precision at --apex-opt-level (default O1): amp.level; apex where "
+                        "importable, else torch's native amp (amp.backend=auto)")
+    g.add_argument("--apex-opt-level", "--opt-level", choices=LEVELS, dest="opt_level",
+                   help="amp.level, with --apex")
+    g.add_argument("--loss-scale-value", type=float, metavar="S",
+                   help="static loss scale, -1 for dynamic (amp.loss_scale), with --apex")
+    g.add_argument("--max_steps", type=int, dest="max_steps_per_epoch", metavar="N",
+                   help="ModelZoo's: every epoch ends after N+2 batches, as main.py's loop breaks "
+                        "(train.max_steps_per_epoch=N+2); 0: no cap")
+    g.add_argument("--max-steps", "--stop-step-num", type=int, dest="max_steps", metavar="N",
+                   help="stop after N training steps in all (train.max_steps)")
+    g.add_argument("--prof", action="store_true", default=None,
+                   help="profile, then stop: train.profile (a trace of steps 3-12 in <output>/profile; "
+                        "no output.prof) and train.max_steps=12")
+    g.add_argument("--device_id", "--device-id", "--gpu", type=int, dest="device_id", metavar="N",
+                   help="the card of this one process (device_id); with --distributed each rank takes "
+                        "card RANK_ID, as main.py does")
+    g.add_argument("--distributed", action="store_true", default=None,
+                   help="one rank of a job whose processes you start yourself, ModelZoo's way: RANK_SIZE "
+                        "and RANK_ID in the environment make it rank --dist-rank x RANK_SIZE + RANK_ID of "
+                        "--world-size x RANK_SIZE; -b and -j divide by RANK_SIZE; MASTER_ADDR/MASTER_PORT "
+                        "default to 127.0.0.1:29688")
+    g.add_argument("--world-size", type=int, metavar="N", help="nodes of a --distributed job (default 1)")
+    g.add_argument("--dist-rank", type=int, metavar="R", help="this node's index in a --distributed job "
+                   "(default 0)")
+    launch = p.add_argument_group("their launcher flags", "refused by train.py, each naming what to run "
+                                  "instead; train.sh maps --addr and --device-list")
+    for flag, (nargs, guidance) in REFUSED.items():
+        launch.add_argument(flag, nargs=nargs, metavar="X", action=refusal(guidance), help=guidance)
+
+
+def node_processes():
+    """Processes of this run on this node: torchrun's LOCAL_WORLD_SIZE, 1 without torchrun."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def dialect_settings(args, processes):
+    """[(origin, {setting: value}, note)] for the dialect flags given; ``note`` says what a flag
+    with a per-node meaning became per process (for the log and derived.command_line)."""
+    found = []
+    check_step_caps(args)
+
+    def add(origin, settings, note=None):
+        found.append((origin, settings,
+                      note or f"{origin} = " + ", ".join(f"{k}={v}" for k, v in settings.items())))
+    if args.batch_size is not None:
+        if args.batch_size % processes:
+            raise UsageError(f"-b/--batch-size {args.batch_size}: the batch of this node's {processes} "
+                             f"processes must divide among them; pass a multiple of {processes}")
+        per_process = args.batch_size // processes
+        add(f"-b/--batch-size {args.batch_size}", {"data.batch_size": per_process},
+            f"-b/--batch-size {args.batch_size} for the node = data.batch_size {per_process} per "
+            f"process x {processes}")
+    if args.learning_rate is not None:
+        add(f"--lr {args.learning_rate:g}", {"optim.lr": args.learning_rate, "optim.lr_scale_batch": 0})
+    for value, flag, key in ((args.momentum, "--momentum", "optim.momentum"),
+                             (args.weight_decay, "--wd/--weight-decay", "optim.weight_decay"),
+                             (args.print_freq, "-p/--print-freq", "train.log_every"),
+                             (args.seed, "--seed", "seed"),
+                             (args.max_steps, "--max-steps/--stop-step-num", "train.max_steps")):
+        if value is not None:
+            add(f"{flag} {value:g}", {key: value})
+    if args.max_steps_per_epoch:  # main.py: `if args.max_steps and i > args.max_steps: break` after batch i
+        add(f"--max_steps {args.max_steps_per_epoch}", {"train.max_steps_per_epoch": args.max_steps_per_epoch + 2},
+            f"--max_steps {args.max_steps_per_epoch} = train.max_steps_per_epoch {args.max_steps_per_epoch + 2} "
+            f"(ModelZoo's loop trains N+2 batches an epoch; every epoch still validates)")
+    if args.prof:
+        add("--prof", {"train.profile": True, "train.max_steps": PROFILED_STEPS + 2},
+            f"--prof = train.profile, stopping after step {PROFILED_STEPS + 2}: a trace of steps 3-"
+            f"{PROFILED_STEPS + 2} in <output>/profile (TensorBoard's format; main.py's output.prof is "
+            f"not written)")
+    add_device_id(args, add)
+    if args.workers is not None:
+        per_process = math.ceil(args.workers / processes)
+        add(f"-j/--workers {args.workers}", {"data.workers": per_process},
+            f"-j/--workers {args.workers} for the node = data.workers {per_process} per process x "
+            f"{processes}")
+    if args.dummy:
+        add("--dummy", {"data.path": "synthetic"})
+    if args.no_accel:
+        add("--no-accel", {"device": "cpu"})
+    if args.arch is not None:
+        name = model_name(args.arch)
+        if name is None:
+            raise UsageError(f"-a/--arch {args.arch}: this app trains {', '.join(MODELS)} and torchvision's "
+                             f"classification models (mobilenet is "
+                             f"mobilenet_v1, ModelZoo's); width and resolution are model.width_mult and "
+                             f"model.resolution")
+        add(f"-a/--arch {args.arch}", {"model.name": name})
+    if args.pretrained:
+        raise UsageError("--pretrained: main.py downloads torchvision's weights; here start from a "
+                         "checkpoint file (ours or ModelZoo's): model.pretrained=FILE")
+    add_amp(args, add)
+    return found
+
+
+def check_step_caps(args):
+    """--max-steps and ModelZoo's --max_steps: a UsageError for a count that means nothing."""
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError(f"--max-steps/--stop-step-num {args.max_steps}: give at least 1 step (without "
+                         f"the flag the run has no step cap)")
+    if args.max_steps_per_epoch is not None and args.max_steps_per_epoch < 0:
+        raise UsageError(f"--max_steps {args.max_steps_per_epoch}: give 0 (no cap) or more; ModelZoo's "
+                         f"--max_steps N trains N+2 batches an epoch")
+
+
+def add_amp(args, add):
+    """--apex [--apex-opt-level L] [--loss-scale-value S], as ModelZoo's main.py reads them."""
+    if not args.apex:
+        for value, flag in ((args.opt_level, "--apex-opt-level"), (args.loss_scale_value, "--loss-scale-value")):
+            if value is not None:
+                raise UsageError(f"{flag} applies with --apex only (main.py ignores it without); add "
+                                 f"--apex, or use --amp {LEVELS[1]}|{LEVELS[2]}")
+        return
+    level = args.opt_level or "O1"
+    add(f"--apex{' --apex-opt-level ' + args.opt_level if args.opt_level else ''}", {"amp.level": level})
+    if args.loss_scale_value is None:
+        add("--apex (implied)", {"amp.loss_scale": MODELZOO_LOSS_SCALE},
+            f"--apex without --loss-scale-value = amp.loss_scale {MODELZOO_LOSS_SCALE:g} (main.py's default)")
+    else:
+        scale = "dynamic" if args.loss_scale_value == -1 else args.loss_scale_value
+        add(f"--loss-scale-value {args.loss_scale_value:g}", {"amp.loss_scale": scale})
+
+
+def add_device_id(args, add):
+    """--device_id N: the card of a single process; with --distributed main.py takes RANK_ID instead."""
+    if args.device_id is None:
+        return
+    if args.distributed:
+        add(f"--device_id {args.device_id}", {}, f"--device_id {args.device_id}: ignored with --distributed "
+            f"(each rank takes card RANK_ID, as main.py does)")
+    else:
+        add(f"--device_id {args.device_id}", {"device_id": args.device_id})
+
+
+def modelzoo_ranks(args, env):
+    """For --distributed (ModelZoo's 8-card way: the user starts RANK_SIZE processes, each with its
+    RANK_ID): the torch.distributed environment of this process ({RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT}) and the note that says so; None without the flag."""
+    if not args.distributed:
+        for value, flag in ((args.world_size, "--world-size"), (args.dist_rank, "--dist-rank")):
+            if value is not None:
+                raise UsageError(f"{flag} applies with --distributed only (ModelZoo's own launch); to "
+                                 f"start the processes here use bash train.sh --nproc N --nnodes M --node-rank R")
+        return None
+    if "LOCAL_RANK" in env:
+        raise UsageError("--distributed: this process was started by torchrun (train.sh --nproc), which "
+                         "numbers the ranks itself; drop --distributed")
+    if "RANK_SIZE" not in env or "RANK_ID" not in env:
+        raise UsageError("--distributed: set RANK_SIZE (the processes on this node) and RANK_ID (this "
+                         "one's index, 0..RANK_SIZE-1) for each process you start, as ModelZoo's "
+                         "train_performance_8p.sh does, or start them with bash train.sh --nproc N")
+    try:
+        rank_size, rank_id = int(env["RANK_SIZE"]), int(env["RANK_ID"])
+    except ValueError:
+        raise UsageError(f"--distributed: RANK_SIZE and RANK_ID must be whole numbers, got "
+                         f"{env['RANK_SIZE']!r} and {env['RANK_ID']!r}") from None
+    nodes, node = args.world_size or 1, args.dist_rank or 0
+    if not (rank_size >= 1 and 0 <= rank_id < rank_size and nodes >= 1 and 0 <= node < nodes):
+        raise UsageError(f"--distributed: RANK_ID {rank_id} must lie in 0..RANK_SIZE-1 (RANK_SIZE "
+                         f"{rank_size}) and --dist-rank {node} in 0..--world-size-1 ({nodes})")
+    ranks = {"RANK": node * rank_size + rank_id, "WORLD_SIZE": nodes * rank_size, "LOCAL_RANK": rank_id,
+             "LOCAL_WORLD_SIZE": rank_size}
+    ranks.update({key: env.get(key, value) for key, value in MODELZOO_MASTER.items()})
+    if rank_size > 1:  # as torchrun does for several processes on a node, unless set
+        ranks["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", 1)
+    ranks = {key: str(value) for key, value in ranks.items()}
+    note = (f"--distributed = rank {ranks['RANK']} of {ranks['WORLD_SIZE']} (--dist-rank {node} x RANK_SIZE "
+            f"{rank_size} + RANK_ID {rank_id}), meeting at {ranks['MASTER_ADDR']}:{ranks['MASTER_PORT']}")
+    return ranks, note

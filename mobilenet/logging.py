@@ -15,7 +15,6 @@ from pathlib import Path
 import yaml
 
 from mobilenet.checkpoint import save_atomic
-from mobilenet.config import thaw
 from mobilenet.device import describe
 from mobilenet.errors import TrainingFailure, UsageError
 
@@ -107,7 +106,7 @@ class RunLogger:
         if not self.enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
-        resolved = yaml.safe_dump(thaw(config), sort_keys=False).encode()
+        resolved = yaml.safe_dump(config, sort_keys=False).encode()
         path = self.run_dir / "metrics.jsonl"
         try:
             if resumed_at is not None and path.exists():

@@ -7,7 +7,6 @@ from typing import NamedTuple
 import torch
 
 from mobilenet import checkpoint as ckpt
-from mobilenet.data.datasets import unreadable_flags
 from mobilenet.device import peak_memory_mb
 from mobilenet.distributed import all_reduce_sum
 from mobilenet.distributed import all_reduce_max
@@ -116,4 +115,4 @@ def unreadable_files(r):
 def unreadable_anywhere(dataset, device):
     """Flags of ``dataset``'s files found unreadable by any process (each process flags what it read)."""
     # on the device: nccl and hccl reduce only device tensors
-    return all_reduce_max(unreadable_flags(dataset).to(device, torch.int32)).bool().cpu()
+    return all_reduce_max(dataset.unreadable.to(device, torch.int32)).bool().cpu()

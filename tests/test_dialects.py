@@ -14,7 +14,7 @@ import yaml
 
 from conftest import ROOT, assert_same_weights, free_port, run_train, train_sh
 from mobilenet.cli import build_parser, config_from_args
-from mobilenet.dialects import REFUSED
+from mobilenet.cli import REFUSED
 from mobilenet.config import thaw
 from mobilenet.errors import UsageError
 

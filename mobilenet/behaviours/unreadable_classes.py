@@ -3,7 +3,6 @@ of the epoch that found it: none of it is trained on, or it is left out of the a
 folder with no file at all is refused when the data is scanned.)"""
 import torch
 
-from mobilenet.data.datasets import unreadable_flags
 from mobilenet.validation import unreadable_anywhere
 
 
@@ -13,7 +12,7 @@ class UnreadableClasses:
 
     def at_epoch_end(self, r, results):
         for split, loader in (("train", r.train_loader), ("val", r.val_loader)):
-            if not len(unreadable_flags(loader.dataset)):  # synthetic
+            if not len(loader.dataset.unreadable):  # synthetic
                 continue
             for index, files in wholly_unreadable(loader.dataset, r.device):
                 if (split, index) not in self.said:

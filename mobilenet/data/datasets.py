@@ -246,11 +246,6 @@ def data_changes(was, now, then="then", here="now"):
     return "; ".join(changes)
 
 
-def unreadable_flags(dataset):
-    """One flag per file of ``dataset``: true for the files found unreadable (none: synthetic)."""
-    return getattr(dataset, "unreadable", torch.zeros(0, dtype=torch.bool))
-
-
 class SyntheticImages(Dataset):
     """Random uint8 images with labels, for throughput runs without a dataset on disk."""
 
@@ -262,6 +257,7 @@ class SyntheticImages(Dataset):
                                     dtype=torch.uint8, generator=generator)
         self.size, self.num_classes = size, num_classes
         self.classes = [str(c) for c in range(num_classes)]
+        self.unreadable = torch.zeros(0, dtype=torch.bool)  # no files
 
     def __len__(self):
         return self.size

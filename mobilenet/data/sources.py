@@ -5,7 +5,8 @@ image decoded (data.workers auto), the recipe train.py starts from without --con
 settings it takes. Every dataset gives its own data record (record_lines) and its length, over
 which the resumable shuffle runs. Adding a source is a row of SOURCES (a Source: what it
 claims, its datasets, counts, recipe, settings and example) and, where its images are a new kind,
-a dataset class with ``record_lines()`` and ``__len__`` (as ImageSamples and SyntheticImages)."""
+a dataset class with ``record_lines()``, ``__len__``, ``classes`` and ``unreadable`` (a flag per
+file found unreadable; empty without files), as ImageSamples and SyntheticImages have."""
 import itertools
 import os
 import shutil
