@@ -27,10 +27,18 @@ def corrupt(path):
     path.write_bytes(b"\0" * 64 + path.read_bytes()[64:])  # in place, as a failing disk does
 
 
-@pytest.fixture
-def two_epochs(tmp_path, digits):
-    out = tmp_path / "run"
+@pytest.fixture(scope="session")
+def two_epochs_trained(tmp_path_factory, digits):
+    out = tmp_path_factory.mktemp("two_epochs") / "run"
     assert run(digits, out, "--epochs", "2", "train.keep_checkpoints=2") == 0
+    return out
+
+
+@pytest.fixture
+def two_epochs(two_epochs_trained, tmp_path):
+    """A run of two epochs (train.keep_checkpoints=2), trained once: each test gets its own copy."""
+    out = tmp_path / "run"
+    shutil.copytree(two_epochs_trained, out)
     return out
 
 

@@ -263,9 +263,10 @@ def test_a_node_range_says_the_minimum_and_its_wait_and_starts_with_the_nodes_th
     """--nnodes 1:2 on one node: the first line names the minimum and the last call's wait, which
     the job waits (--last-call 3) before it trains on the one node."""
     started = time.monotonic()
-    result = subprocess.run(["bash", "train.sh", *ONE_RANK_EACH, "--nproc", "1", "--nnodes", "1:2", "--node-rank", "0",
+    result = subprocess.run(["bash", "train.sh", *TINY, "--data", "synthetic", "data.synthetic_size=64",
+                             "--nproc", "1", "--nnodes", "1:2", "--node-rank", "0", "--epochs", "1",
                              "--master-port", str(port := free_port()), "--last-call", "3", "--join-timeout", "60",
-                             "--epochs", "1", "train.max_steps=2", "--output", str(tmp_path / "run")],
+                             "--output", str(tmp_path / "run")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
