@@ -1,5 +1,5 @@
 """The lost-summary behaviour (mobilenet/behaviours/lost_summary.py)."""
-from test_checkpoints import run, two_epochs  # noqa: F401 (a fixture)
+from test_checkpoints import run, two_epochs, two_epochs_trained  # noqa: F401 (fixtures)
 import json
 import pytest
 
