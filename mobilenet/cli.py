@@ -9,7 +9,6 @@ checkpoint's continuation on --resume is mobilenet/resume.py's.
 Layers, later winning: the recipe (--config), then flags, then ``key.sub=value``. A flag and a
 ``key.sub=value`` (or two flags) that set one setting to different values are a UsageError.
 """
-
 import argparse
 import math
 import os
@@ -134,7 +133,8 @@ def config_from_args(args, probe=True):
                    command_line=notes, probe=probe)
 
 
-# The dialects: pytorch/examples' imagenet/main.py and ModelZoo's MobileNetV1 main.py
+# The dialects: pytorch/examples' imagenet/main.py and ModelZoo's MobileNetV1 main.py.
+
 # Launcher flags of those scripts that cannot keep their meaning in one train.py process: each is
 # refused, naming what to run instead (train.sh maps --addr and --device-list itself).
 PER_CARD = "start one process per card with bash train.sh --nproc N"
@@ -161,7 +161,6 @@ def refusal(guidance):
         def __call__(self, parser, namespace, values, option_string=None):
             raise UsageError(f"{option_string}: train.py does not take it; {guidance}")
     return Refuse
-
 
 
 def add_dialect_flags(p):
