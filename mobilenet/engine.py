@@ -284,8 +284,8 @@ def fit(r):
 
 def train_one_epoch(r, meter, stop, prof, *, periodic, save):
     """Trains from the epoch's step ``r.state.epoch_step`` (the global batches of this epoch done) to
-    its end, or until ``stop`` says
-    so, measured by ``meter``: each step the train.grad_accum_steps forwards of its global batch.
+    its end, or until ``stop`` says so, measured by ``meter``: each step the train.grad_accum_steps
+    forwards of its global batch.
     ``save()`` between steps when ``periodic`` (rank 0's clock) is due: what acts between steps acts
     between optimizer steps, never mid-accumulation. Steps that compile (``r.clock``) are timed apart
     and left out of the rates."""

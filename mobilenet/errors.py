@@ -65,7 +65,7 @@ def exit_code(action, run_dir=lambda: None, ending=False):
     try:
         action()
         return report("", 0)
-    except UsageError as e:  # under the launcher, it says the line once for every rank
+    except UsageError as e:  # under the launcher, the launcher says it, once for the job
         return report(f"error: {one_line(e)}", EXIT_USAGE, echo=not os.environ.get(ERROR_DIR))
     except TrainingFailure as e:
         return report(f"error: {one_line(e)}", EXIT_FAILURE)

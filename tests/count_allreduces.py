@@ -3,6 +3,7 @@ one optimizer step of two accumulated forwards and in one of a single forward, c
 hook around torch's own all-reduce; rank 0 writes them to the file given."""
 import json
 import sys
+from pathlib import Path
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -33,7 +34,7 @@ def main(out):
         state.train_on([batch] * forwards)
         counts[name] = len(calls)
     if world.is_main:
-        json.dump(counts, open(out, "w"))
+        Path(out).write_text(json.dumps(counts))
     destroy()
 
 
