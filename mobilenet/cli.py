@@ -1,5 +1,6 @@
-"""train.py's command line: its own flags, the flags of pytorch/examples' imagenet/main.py and of
-Ascend ModelZoo's MobileNetV1 main.py (the dialects, below: each flag set to the one setting with
+"""train.py's command line: its own flags, the flags of pytorch/examples' imagenet/main.py, of
+Ascend ModelZoo's MobileNetV1 main.py and of torchvision's references/classification/train.py
+(the dialects, below: each flag set to the one setting with
 the meaning it has there, per-node values converted to per process and said in
 derived.command_line, their launcher flags refused with what to run instead, and ModelZoo's own
 way of starting the processes of a job: --distributed, RANK_SIZE and RANK_ID), the data folder as
@@ -43,7 +44,8 @@ def build_parser(description=None):
     p.add_argument("--data", help="an ImageFolder root with train/ and val/, a prepared set of one "
                    "(scripts/prepare_data.py), 'synthetic' or 'digits'")
     p.add_argument("--device", choices=DEVICES)
-    p.add_argument("--amp", choices=LEVELS, help="amp.level")
+    p.add_argument("--amp", choices=LEVELS, nargs="?", const="O1",
+                   help="amp.level; alone, O1 (torchvision's --amp: autocast and a dynamic loss scale)")
     p.add_argument("--epochs", type=int, help="train.epochs")
     p.add_argument("--grad-accum-steps", type=int, metavar="N",
                    help="forwards of data.batch_size per process and optimizer step (train.grad_accum_steps)")
@@ -51,7 +53,7 @@ def build_parser(description=None):
     p.add_argument("--resume", help="checkpoint to resume from, or 'auto' for the newest in --output")
     p.add_argument("--start-over", action="store_true",
                    help="train from scratch in an --output that holds a run, removing its files")
-    p.add_argument("-e", "--evaluate", action="store_true",
+    p.add_argument("-e", "--evaluate", "--test-only", action="store_true",
                    help="only evaluate (weights from --resume or model.pretrained)")
     p.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile the model's forward and backward and the optimizer's step (not "
@@ -61,6 +63,7 @@ def build_parser(description=None):
     p.add_argument("positionals", nargs="*", metavar="DIR | key.sub=value",
                    help="the data folder (as main.py DIR; same as --data), and any config setting")
     add_dialect_flags(p)
+    add_torchvision_flags(p)
     return p
 
 
@@ -73,10 +76,11 @@ def split_positionals(positionals):
     return (folders[0] if folders else None), overrides
 
 
-def default_config(data):
-    """The recipe of data.path's source (mobilenet.data.sources); the demo without a path."""
+def default_config(data, torchvision=False):
+    """The recipe of data.path's source (mobilenet.data.sources), the demo without a path; under
+    torchvision's dialect, its train.py's defaults (configs/recipes/torchvision.yaml)."""
     from mobilenet.data.sources import source_of
-    return CONFIGS / f"{source_of(data or 'digits').recipe}.yaml"
+    return CONFIGS / ("recipes/torchvision.yaml" if torchvision else f"{source_of(data or 'digits').recipe}.yaml")
 
 
 def flag_settings(args, folder, processes):
@@ -127,7 +131,7 @@ def config_from_args(args, probe=True):
     notes = ([ranks[1]] if ranks else []) + notes
     check_overrides(chosen, overrides)
     data = chosen.get("data.path", (None,))[0]
-    config_path = Path(args.config) if args.config else default_config(data)
+    config_path = Path(args.config) if args.config else default_config(data, torchvision_dialect(args))
     settings = {key: value for key, (value, _) in chosen.items()}
     return resolve(build_config(config_path, overrides, settings), name=config_path.stem,
                    command_line=notes, probe=probe)
@@ -235,7 +239,12 @@ def dialect_settings(args, processes):
     def add(origin, settings, note=None):
         found.append((origin, settings,
                       note or f"{origin} = " + ", ".join(f"{k}={v}" for k, v in settings.items())))
-    if args.batch_size is not None:
+    if args.batch_size is not None and torchvision_dialect(args):
+        add(f"-b/--batch-size {args.batch_size}", {"data.batch_size": args.batch_size,
+                                                   "data.val_batch_size": args.batch_size},
+            f"-b/--batch-size {args.batch_size} = data.batch_size and data.val_batch_size {args.batch_size} per "
+            f"process (torchvision's)")
+    elif args.batch_size is not None:
         if args.batch_size % processes:
             raise UsageError(f"-b/--batch-size {args.batch_size}: the batch of this node's {processes} "
                              f"processes must divide among them; pass a multiple of {processes}")
@@ -262,7 +271,9 @@ def dialect_settings(args, processes):
             f"{PROFILED_STEPS + 2} in <output>/profile (TensorBoard's format; main.py's output.prof is "
             f"not written)")
     add_device_id(args, add)
-    if args.workers is not None:
+    if args.workers is not None and torchvision_dialect(args):
+        add(f"-j/--workers {args.workers}", {"data.workers": args.workers})
+    elif args.workers is not None:
         per_process = math.ceil(args.workers / processes)
         add(f"-j/--workers {args.workers}", {"data.workers": per_process},
             f"-j/--workers {args.workers} for the node = data.workers {per_process} per process x "
@@ -283,6 +294,8 @@ def dialect_settings(args, processes):
         raise UsageError("--pretrained: main.py downloads torchvision's weights; here start from a "
                          "checkpoint file (ours or ModelZoo's): model.pretrained=FILE")
     add_amp(args, add)
+    if torchvision_dialect(args):
+        torchvision_settings(args, add)
     return found
 
 
@@ -360,3 +373,148 @@ def modelzoo_ranks(args, env):
     note = (f"--distributed = rank {ranks['RANK']} of {ranks['WORLD_SIZE']} (--dist-rank {node} x RANK_SIZE "
             f"{rank_size} + RANK_ID {rank_id}), meeting at {ranks['MASTER_ADDR']}:{ranks['MASTER_PORT']}")
     return ranks, note
+
+
+# torchvision's references/classification/train.py: the flags that are its own (the ones it
+# shares with main.py, -b and -j among them, are above; under this dialect -b and -j are per
+# process, as there). Its flags: the setting each one sets, as it is given.
+TORCHVISION = {"--data-path": "data.path", "--output-dir": "output", "--lr-step-size": "schedule.step_epochs",
+               "--lr-gamma": "schedule.gamma", "--lr-warmup-epochs": "schedule.warmup_epochs",
+               "--lr-warmup-method": "schedule.warmup_method", "--lr-warmup-decay": "schedule.warmup_start_factor",
+               "--lr-min": "schedule.min_lr", "--label-smoothing": "train.label_smoothing",
+               "--mixup-alpha": "augment.mixup_alpha", "--cutmix-alpha": "augment.cutmix_alpha",
+               "--auto-augment": "augment.policy", "--ra-magnitude": "augment.ra_magnitude",
+               "--augmix-severity": "augment.augmix_severity", "--random-erase": "augment.random_erase",
+               "--interpolation": "data.interpolation", "--train-crop-size": "data.train_resolution",
+               "--val-crop-size": "model.resolution", "--norm-weight-decay": "optim.norm_weight_decay",
+               "--bias-weight-decay": "optim.bias_weight_decay", "--clip-grad-norm": "train.clip_grad_norm",
+               "--sync-bn": "model.sync_bn", "--use-deterministic-algorithms": "train.deterministic"}
+SWITCHES = {"--sync-bn", "--use-deterministic-algorithms"}
+# Its flags that set more than one setting, or none: what each does here (torchvision_settings).
+TORCHVISION_OWN = {
+    "--model": "model.name (a torchvision classifier, or mobilenet_v1)",
+    "--opt": "sgd | sgd_nesterov | rmsprop (torch's, eps 0.0316, alpha 0.9, as there) | adamw: optim.name",
+    "--lr-scheduler": "steplr | cosineannealinglr | exponentiallr (steplr every epoch): schedule.name",
+    "--val-resize-size": "the validation resize before its crop: data.val_resize_ratio = crop / this",
+    "--ra-sampler": "repeated augmentation, --ra-reps times (augment.ra_reps)",
+    "--ra-reps": "with --ra-sampler (default 3)",
+    "--model-ema": "train.ema_decay and train.ema_steps, as there: decay 1 - (1 - --model-ema-decay) x "
+                   "processes x batch x --model-ema-steps / epochs",
+    "--model-ema-steps": "with --model-ema (default 32)", "--model-ema-decay": "with --model-ema (default 0.99998)",
+    "--cache-dataset": "said and ignored: the folder is listed at each start (seconds; scripts/prepare_data.py "
+                       "makes a faster set)",
+    "--backend": "said and ignored: images are tensors here (its 'tensor' backend)",
+    "--use-v2": "said and ignored: the policies are transforms.v2's here always",
+}
+TORCHVISION_REFUSED = {
+    "--weights": "it downloads torchvision's weights; start from a file here: model.pretrained=FILE",
+    "--transformer-embedding-decay": "this app splits the weight decay for norm layers and biases only "
+                                     "(--norm-weight-decay, --bias-weight-decay)",
+}
+SWITCH_FLAGS = SWITCHES | {"--ra-sampler", "--model-ema", "--cache-dataset", "--use-v2"}
+
+
+def add_torchvision_flags(p):
+    g = p.add_argument_group("flags of torchvision's references/classification/train.py",
+                             "Each as it is there; -b/--batch-size and -j/--workers are per process under them. "
+                             "Without --config its defaults are configs/recipes/torchvision.yaml.")
+    for flag, setting in TORCHVISION.items():
+        if flag in SWITCHES:
+            g.add_argument(flag, action="store_true", default=None, dest=dest(flag), help=setting)
+        else:
+            g.add_argument(flag, dest=dest(flag), metavar="X", help=setting)
+    for flag, meaning in TORCHVISION_OWN.items():
+        if flag in SWITCH_FLAGS:
+            g.add_argument(flag, action="store_true", default=None, dest=dest(flag), help=meaning)
+        else:
+            g.add_argument(flag, dest=dest(flag), metavar="X", help=meaning)
+    for flag, guidance in TORCHVISION_REFUSED.items():
+        g.add_argument(flag, nargs=1, metavar="X", action=refusal(guidance), help=f"refused: {guidance}")
+
+
+def dest(flag):
+    return "tv_" + flag.removeprefix("--").replace("-", "_")
+
+
+def torchvision_dialect(args):
+    """Whether a flag of torchvision's train.py that the other dialects do not have is given."""
+    return any(getattr(args, dest(flag), None) is not None for flag in (*TORCHVISION, *TORCHVISION_OWN))
+
+
+def torchvision_settings(args, add):
+    """The settings of torchvision's train.py flags given (``add(origin, settings, note)``)."""
+    def given(flag):
+        return getattr(args, dest(flag))
+    for flag, setting in TORCHVISION.items():
+        if given(flag) in (True, None):
+            if given(flag):
+                add(flag, {setting: True})
+            continue
+        add(f"{flag} {given(flag)}", {setting: number_or_text(given(flag))})
+    if given("--model") is not None:
+        if model_name(given("--model")) is None:
+            raise UsageError(f"--model {given('--model')}: this app trains {', '.join(MODELS)} and torchvision's "
+                             f"classification models by name")
+        add(f"--model {given('--model')}", {"model.name": model_name(given("--model"))})
+    if given("--opt") is not None:
+        add(f"--opt {given('--opt')}", opt_settings(given("--opt")))
+    if given("--lr-scheduler") is not None:
+        add(f"--lr-scheduler {given('--lr-scheduler')}", scheduler_settings(given("--lr-scheduler"), args))
+    if given("--val-resize-size") is not None:
+        crop, size = int(given("--val-crop-size") or 224), int(given("--val-resize-size"))
+        add(f"--val-resize-size {size}", {"data.val_resize_ratio": crop / size},
+            f"--val-resize-size {size} = data.val_resize_ratio {crop}/{size} (a {crop} crop of the image resized "
+            f"to {size})")
+    if given("--ra-sampler"):
+        add("--ra-sampler", {"augment.ra_reps": int(given("--ra-reps") or 3)})
+    if given("--model-ema"):
+        add("--model-ema", ema_settings(args))
+    for flag, needs in (("--ra-reps", "--ra-sampler"), ("--model-ema-steps", "--model-ema"),
+                        ("--model-ema-decay", "--model-ema")):
+        if given(flag) is not None and not given(needs):
+            add(flag, {}, f"{flag} {given(flag)}: ignored without {needs}, as there")
+    for flag in ("--cache-dataset", "--backend", "--use-v2"):
+        if given(flag) is not None:
+            add(flag, {}, f"{flag}: {TORCHVISION_OWN[flag]}")
+
+
+def number_or_text(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def opt_settings(name):
+    """--opt NAME as torchvision's train.py builds it."""
+    settings = {"sgd": {"optim.name": "sgd", "optim.nesterov": False},
+                "sgd_nesterov": {"optim.name": "sgd", "optim.nesterov": True},
+                "rmsprop": {"optim.name": "rmsprop", "optim.eps": 0.0316, "optim.alpha": 0.9},
+                "adamw": {"optim.name": "adamw"}}
+    if name.lower() not in settings:
+        raise UsageError(f"--opt {name}: torchvision's train.py takes sgd, sgd_nesterov, rmsprop or adamw")
+    return settings[name.lower()]
+
+
+def scheduler_settings(name, args):
+    """--lr-scheduler NAME; exponentiallr is the step schedule at every epoch (gamma --lr-gamma)."""
+    settings = {"steplr": {"schedule.name": "step"}, "cosineannealinglr": {"schedule.name": "cosine"},
+                "exponentiallr": {"schedule.name": "step", "schedule.step_epochs": 1}}
+    if name.lower() not in settings:
+        raise UsageError(f"--lr-scheduler {name}: torchvision's train.py takes steplr, cosineannealinglr or "
+                         f"exponentiallr")
+    if name.lower() == "exponentiallr" and getattr(args, dest("--lr-step-size")) is not None:
+        raise UsageError("--lr-step-size applies to steplr; exponentiallr decays by --lr-gamma every epoch")
+    return settings[name.lower()]
+
+
+def ema_settings(args):
+    """--model-ema: train.py's decay for its steps (adjusted to the processes, the batch, the steps
+    between updates and the epochs) and its steps."""
+    steps = int(getattr(args, dest("--model-ema-steps")) or 32)
+    decay = float(getattr(args, dest("--model-ema-decay")) or 0.99998)
+    processes, batch = int(os.environ.get("WORLD_SIZE", 1)), args.batch_size or 32
+    alpha = min(1.0, (1.0 - decay) * processes * batch * steps / (args.epochs or 90))
+    return {"train.ema_decay": 1.0 - alpha, "train.ema_steps": steps}

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from mobilenet.amp import LEVELS
+from mobilenet.data.augment import INTERPOLATIONS, POLICIES, per_sample, policy_settings
 from mobilenet.device import without_cuda_graphs
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
@@ -47,6 +48,9 @@ DEFAULTS = {
                                    # process may use, shared by the node's processes (derived.workers)
         "hflip": True,
         "min_scale": 0.08,         # RandomResizedCrop lower area bound
+        "train_resolution": "auto",  # the training crop's side (the references' --train-crop-size);
+                                   # auto: model.resolution, which validation crops to
+        "interpolation": "bilinear",  # bilinear | bicubic | nearest: the crops' resize and the policy's
         "val_resize_ratio": 0.875, # val: resize to resolution/ratio, centre-crop resolution (at
                                    # least 0.1: a 10x resize)
         "synthetic_size": 2048,    # images per epoch for data.path=synthetic
@@ -64,7 +68,10 @@ DEFAULTS = {
         "lr": 0.1,                 # for the global batch; see lr_scale_batch
         "lr_scale_batch": 0,       # >0: lr is per this many images and scales with the global batch
         "weight_decay": 1.0e-4,
-        "no_decay_bn_bias": False, # exclude BatchNorm and bias parameters from weight decay
+        "norm_weight_decay": "auto",  # the weight decay of normalisation layers' parameters; auto:
+                                   # optim.weight_decay (the references' --norm-weight-decay)
+        "bias_weight_decay": "auto",  # of every parameter named bias, a norm layer's too; auto: as the
+                                   # others of its layer (--bias-weight-decay)
         "foreach": "auto",         # standard only: auto = torch's own choice for the device (the
                                    # per-parameter loop on cpu and Ascend 910A, multi-tensor foreach
                                    # on cuda and Ascend A2/A3); true | false force it
@@ -76,8 +83,23 @@ DEFAULTS = {
         "name": "step",            # step | cosine (optim.SCHEDULES)
         # and each schedule's own settings, from its row (default and range): step_epochs, gamma
         # (step: multiply by gamma every step_epochs); min_lr (cosine's floor); for every schedule,
-        # the linear warm-up from warmup_start_factor * lr over warmup_epochs
+        # the warm-up over warmup_epochs, from warmup_start_factor * lr (warmup_method linear) or at
+        # it (constant); per_epoch: the LR changes at each epoch's start only, as torchvision's
+        # references step their schedulers (else at every step)
         **{name: setting.default for name, setting in schedule_settings().items()},
+    },
+    "augment": {
+        "policy": "none",          # after the crop and flip: none | imagenet | cifar10 | svhn
+                                   # (AutoAugment's policies) | ra (RandAugment) | ta_wide
+                                   # (TrivialAugmentWide) | augmix (data.augment.POLICIES)
+        # and each policy's own settings, from its row: ra_magnitude (ra), augmix_severity (augmix)
+        **{name: setting.default for name, setting in policy_settings().items()},
+        "random_erase": 0.0,       # the chance that RandomErasing blanks a box of an image
+        "mixup_alpha": 0.0,        # >0: MixUp of each batch, its Beta(alpha, alpha) (soft targets)
+        "cutmix_alpha": 0.0,       # >0: CutMix; with both, one of the two per batch
+        "ra_reps": 1,              # >1: repeated augmentation: each image of an epoch's order this
+                                   # many times in a row, on consecutive virtual ranks (the
+                                   # references' --ra-sampler --ra-reps); the epoch keeps its length
     },
     "amp": {
         "level": "O0",             # O0 (fp32) | O1 (autocast) | O2 (half model, fp32 masters)
@@ -91,8 +113,10 @@ DEFAULTS = {
                                    # (--grad-accum-steps); auto: what data.global_batch asks, or a
                                    # resume's checkpoint, else 1
         "label_smoothing": 0.0,
+        "clip_grad_norm": 0.0,     # >0: the grads' total norm clipped to this before each step
         "ema_decay": 0.0,          # >0: keep an exponential moving average of the weights
                                    # (e.g. 0.9999), evaluated and checkpointed beside the model
+        "ema_steps": 1,            # the EMA updates after every N-th step of an epoch (its first too)
         "log_every": 50,           # steps between progress lines
         "keep_checkpoints": 0,     # also keep the last K epoch checkpoints
         "max_steps_per_epoch": 0,  # >0: cut every epoch short (ModelZoo's --max_steps N is N+2 here)
@@ -110,6 +134,8 @@ DEFAULTS = {
         "stall_timeout": 900.0,    # >0: a process without progress (a step, a validation batch, a
                                    # save) this many seconds ends, naming the rank or loader worker
                                    # it waits for (mobilenet.watchdog); 0: off
+        "deterministic": False,    # torch.use_deterministic_algorithms (the references'
+                                   # --use-deterministic-algorithms; cpu runs are already)
         "freeze_bn": False,        # BatchNorm uses running statistics while training (fine-tuning
                                    # with small per-card batches; makes results batch-split invariant)
     },
@@ -124,12 +150,16 @@ CHOICES = {
     "amp.dtype": {"float16", "bfloat16"},
     "amp.backend": {"auto", "apex", "native"},
     "data.decode": {"auto", "workers", "device"},
+    "data.interpolation": set(INTERPOLATIONS),
+    "augment.policy": POLICIES.keys(),
+    "schedule.warmup_method": {"linear", "constant"},
 }
 FLAGS = {"optim.impl": "--optimizer", "data.path": "--data", "device": "--device", "amp.level": "--amp",
          "train.epochs": "--epochs", "output": "--output", "train.profile": "--profile",
          "train.compile": "--compile", "train.grad_accum_steps": "--grad-accum-steps"}
 AUTO_OR_BOOL = {"model.channels_last", "optim.foreach", "train.compile"}
-AUTO_OR_INT = {"data.workers", "data.global_batch", "train.grad_accum_steps"}
+AUTO_OR_INT = {"data.workers", "data.global_batch", "train.grad_accum_steps", "data.train_resolution"}
+AUTO_OR_NUMBER = {"optim.norm_weight_decay", "optim.bias_weight_decay"}
 OPTIONAL_INT = {"device_id"}
 # The interval every number must lie in (each element of a list), as the message shows it.
 RANGES = {
@@ -138,7 +168,11 @@ RANGES = {
     "data.batch_size": "[1, inf)", "data.global_batch": "[1, inf)", "train.grad_accum_steps": "[1, inf)",
     "data.val_batch_size": "[1, inf)", "data.workers": "[0, inf)",
     "data.min_scale": "(0, 1]", "data.val_resize_ratio": "[0.1, 1]", "data.synthetic_size": "[1, inf)",
-    "data.cache_mb": "[0, inf)",
+    "data.cache_mb": "[0, inf)", "data.train_resolution": "[1, inf)",
+    "optim.norm_weight_decay": "[0, inf)", "optim.bias_weight_decay": "[0, inf)",
+    **{f"augment.{name}": setting.interval for name, setting in policy_settings().items()},
+    "augment.random_erase": "[0, 1]", "augment.mixup_alpha": "[0, inf)", "augment.cutmix_alpha": "[0, inf)",
+    "augment.ra_reps": "[1, inf)", "train.clip_grad_norm": "[0, inf)", "train.ema_steps": "[1, inf)",
     "optim.lr": "(0, inf)", "optim.lr_scale_batch": "[0, inf)", "optim.weight_decay": "[0, inf)",
     **{f"optim.{name}": setting.interval for name, setting in algorithm_settings().items() if setting.interval},
     **{f"schedule.{name}": setting.interval for name, setting in schedule_settings().items() if setting.interval},
@@ -252,6 +286,10 @@ def coerce(dotted, default, value, origin):
     elif dotted in AUTO_OR_INT:
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)):
             raise bad("auto or an integer")
+    elif dotted in AUTO_OR_NUMBER:
+        value = to_number(value) if value != "auto" else value
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise bad("auto or a number")
     elif dotted == "amp.loss_scale":
         value = to_number(value) if value != "dynamic" else value
         if value != "dynamic" and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -392,7 +430,8 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
         cost=lambda: relative_cost(model), eager_only=eager_only(cfg, derived), accumulation=accumulation)
     derived["optimizer_class"] = describe_optimizer(optim["name"], derived["optimizer_implementation"], optim["impl"])
     derived["decode"], derived["decode_why"] = choose_decode(data["decode"], device, workers=derived["workers"],
-                                                             card=cfg["device_id"] or world.local_rank, probe=probe)
+                                                             card=cfg["device_id"] or world.local_rank, probe=probe,
+                                                             per_sample=per_sample(cfg))
     derived["not_taken"] = settings_not_taken(cfg)
     check_combinations(cfg, derived)
     resolved = copy.deepcopy(cfg)
@@ -402,35 +441,53 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
 
 
 def settings_not_taken(cfg):
-    """A line for each setting the chosen algorithm, model, data source or schedule does not take (its row
-    says what it takes) and that was given another value than its default: ignored, and said, the
-    same way for the four tables."""
+    """A line for each setting the chosen algorithm, model, data source, schedule or policy does not
+    take (its row says what it takes) and that was given another value than its default: ignored,
+    and said, the same way for the five tables. A row names its settings within its section, or
+    whole ('augment.policy': a source whose images are not transformed does not take it)."""
     from mobilenet.data.sources import DATA_OPTIONAL, SOURCES, source_of
     source = source_of(cfg["data"]["path"]) if cfg["data"]["path"] is not None else SOURCES["folder"]
+    policy = cfg["augment"]["policy"]
     rows = [("optim", cfg["optim"]["name"], ALGORITHMS[cfg["optim"]["name"]].hyperparameters, algorithm_settings()),
             ("model", cfg["model"]["name"], model_row(cfg["model"]["name"]).takes, MODEL_OPTIONAL),
             ("data", next(name for name, row in SOURCES.items() if row is source), source.takes, DATA_OPTIONAL),
             ("schedule", cfg["schedule"]["name"], {**SCHEDULES[cfg["schedule"]["name"]].settings, **WARMUP},
-             schedule_settings())]
+             schedule_settings()),
+            ("augment", f"augment.policy={policy}", POLICIES[policy].settings, policy_settings())]
     lines = []
     for section, row, takes, optional in rows:
-        named = ", ".join(f"{section}.{key}" for key in (sorted(takes) or optional))
+        def dotted(key):
+            return key if "." in key else f"{section}.{key}"
+        named = ", ".join(dotted(key) for key in (sorted(takes) or optional))
         for key in optional:
-            if key not in takes and cfg[section][key] != DEFAULTS[section][key]:
-                lines.append(f"{section}.{key}={cfg[section][key]}: {row} does not take it (it takes "
+            value = flat(cfg, dotted(key))
+            if key not in takes and value != flat(DEFAULTS, dotted(key)):
+                lines.append(f"{dotted(key)}={value}: {row} does not take it (it takes "
                              f"{named if takes else 'none of ' + named}); ignored")
     return lines
 
 
-def choose_decode(setting, device_type, *, workers, card=0, probe=True):
-    """('workers' or 'device', why) for data.decode ``setting``. auto: device on cuda when a probe
+def flat(cfg, dotted):
+    """The setting ``dotted`` ('data.hflip') of ``cfg``."""
+    section, key = dotted.split(".")
+    return cfg[section][key]
+
+
+def choose_decode(setting, device_type, *, workers, card=0, probe=True, per_sample=""):
+    """('workers' or 'device', why) for data.decode ``setting``; ``per_sample``: the augmentation
+    that runs in the workers (augment.per_sample), which only workers take. auto: device on cuda when a probe
     decodes baseline JPEGs on the process's card to the workers' pixels and faster than its
     loader's ``workers`` decode them on the host (mobilenet.data.device_decode.decode_choice), else
     workers: on cpu and npu always (the npu has no batched decode here).
     ``probe=False`` (the launcher's own check): no probe, no card touched; the training processes
     decide."""
+    if setting == "device" and per_sample:
+        raise UsageError(f"data.decode=device crops on the device, which takes no {per_sample}; use "
+                         f"data.decode=workers (or auto) with them")
     if setting != "auto":
         return setting, f"{setting} (data.decode={setting})"
+    if per_sample:
+        return "workers", f"workers (auto: {per_sample} runs in the loader's workers)"
     if device_type != "cuda":
         return "workers", f"workers (auto: decoding on the device is for cuda; this is {device_type})"
     if not probe:
@@ -536,6 +593,9 @@ def check_combinations(cfg, derived):
         raise UsageError(f"train.stall_timeout={cfg['train']['stall_timeout']:g}: give 0 (no watchdog) or at "
                          f"least 1 second; the run would end between two steps")
     check_settings(cfg["optim"])
+    if cfg["augment"]["policy"] != "none" and cfg["data"]["interpolation"] == "bicubic":
+        raise UsageError(f"data.interpolation=bicubic with augment.policy={cfg['augment']['policy']}: "
+                         f"transforms.v2's policies on tensors take nearest or bilinear; give one of them")
     if cfg["schedule"]["min_lr"] > derived["lr"]:
         raise UsageError(f"schedule.min_lr={cfg['schedule']['min_lr']:g} is above the learning rate "
                          f"{derived['lr']:g}; it is the floor the cosine schedule decays to")

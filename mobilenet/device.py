@@ -39,8 +39,12 @@ def choose_device(name):
     return name
 
 
-def open_device(device_type, local_rank=0):
-    """The torch.device of this process (the card of its local rank), made current."""
+def open_device(device_type, local_rank=0, deterministic=False):
+    """The torch.device of this process (the card of its local rank), made current; ``deterministic``:
+    torch's deterministic kernels only (train.deterministic; cuBLAS needs its workspace setting)."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     if device_type == "cpu":
         return torch.device("cpu")
     if device_type == "npu":

@@ -143,7 +143,7 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
         raise UsageError(f"the config was resolved for {cfg['derived']['world_size']} process(es), but "
                          f"{world.size} run: resolve it in the processes that train")
     card = cfg["device_id"] if cfg["device_id"] is not None else world.local_rank
-    device = open_device(cfg["derived"]["device"], card)
+    device = open_device(cfg["derived"]["device"], card, cfg["train"]["deterministic"])
     init_process_group(world, device, cfg["train"]["stall_timeout"])
     mark_started()
     try:
@@ -177,12 +177,12 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
 
 def build_run(cfg, world, device, log):
     derived, data = cfg["derived"], cfg["data"]
-    train_set, val_set = build_datasets(data, cfg["model"], decode=derived["decode"])
+    train_set, val_set = build_datasets(data, cfg["model"], cfg["augment"], decode=derived["decode"])
     worker_signals = WorkerSignals()
     train_loader, val_loader = build_loaders(train_set, val_set, data, cfg["seed"], world.rank,
                                              world.size, device.type != "cpu", worker_signals,
                                              workers=derived["workers"], decode=derived["decode"],
-                                             accumulation=derived["grad_accum_steps"])
+                                             accumulation=derived["grad_accum_steps"], reps=cfg["augment"]["ra_reps"])
     limit = cfg["train"]["max_steps_per_epoch"]
     steps = min(train_loader.sampler.steps, limit) if limit > 0 else train_loader.sampler.steps
     state = TrainingState(cfg, device, steps, rank=world.rank,

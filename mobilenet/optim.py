@@ -161,29 +161,44 @@ def check_settings(optim):
                          f"them together ({e}); change one of them") from None
 
 
-def param_groups(params, weight_decay, no_decay_bn_bias):
-    """One group, or two when BatchNorm and bias parameters (the 1-d ones) get no weight decay."""
-    params = [p for p in params if p.requires_grad]
-    if not no_decay_bn_bias:
-        return [{"params": params, "weight_decay": weight_decay}]
-    return [{"params": [p for p in params if p.ndim > 1], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+NORMS = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm,
+         torch.nn.modules.instancenorm._InstanceNorm, torch.nn.LocalResponseNorm)
 
 
-def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight_decay=0.0,
-                    no_decay_bn_bias=False, **hyper):
+def parameter_decays(net, optim):
+    """The weight decay of each of ``net``'s parameters, in order, from the ``optim`` section, as
+    torchvision's references split them: a parameter named bias takes optim.bias_weight_decay, one
+    of a normalisation layer optim.norm_weight_decay, each where it is given; the rest weight_decay."""
+    norm, bias, decays = optim["norm_weight_decay"], optim["bias_weight_decay"], {}
+    for module in net.modules():
+        for name, param in module.named_parameters(recurse=False):
+            own = bias if name == "bias" and bias != "auto" else norm if isinstance(module, NORMS) else "auto"
+            decays[id(param)] = optim["weight_decay"] if own == "auto" else own
+    return [decays[id(param)] for param in net.parameters()]
+
+
+def param_groups(params, weight_decay, decays=None):
+    """A group per weight decay: ``decays`` (one per parameter; None: ``weight_decay`` for all)."""
+    groups = {}
+    for param, decay in zip(params, decays or [weight_decay] * len(params), strict=True):
+        if param.requires_grad:
+            groups.setdefault(decay, []).append(param)
+    return [{"params": members, "weight_decay": decay} for decay, members in groups.items()]
+
+
+def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight_decay=0.0, decays=None, **hyper):
     """Algorithm ``name`` in ``implementation`` (IMPLEMENTATIONS) over ``params`` (a module or
-    tensors). ``hyper``: the algorithm's own settings (momentum, nesterov, betas, eps, alpha)."""
+    tensors); ``decays``: each one's weight decay (parameter_decays). ``hyper``: the algorithm's own
+    settings (momentum, nesterov, betas, eps, alpha)."""
     algorithm = ALGORITHMS[name]
     unknown = hyper.keys() - algorithm.hyperparameters.keys()
     if unknown:
         raise TypeError(f"{name} takes {', '.join(algorithm.hyperparameters)}, not {sorted(unknown)}")
-    if isinstance(params, torch.nn.Module):
-        params = params.parameters()
+    params = list(params.parameters() if isinstance(params, torch.nn.Module) else params)
     kwargs = {"lr": lr, **hyper}
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
-    return IMPLEMENTATIONS[implementation].build(algorithm, param_groups(params, weight_decay, no_decay_bn_bias),
+    return IMPLEMENTATIONS[implementation].build(algorithm, param_groups(params, weight_decay, decays),
                                                  kwargs)
 
 
@@ -249,20 +264,25 @@ SCHEDULES = {
     "step": Schedule(step_decay, {"step_epochs": Setting(30, "[1, inf)"), "gamma": GAMMA}),
     "cosine": Schedule(cosine, {"min_lr": Setting(0.0, "[0, inf)")}),
 }
-WARMUP = {"warmup_epochs": Setting(0.0, "[0, inf)"), "warmup_start_factor": Setting(0.1, "(0, 1]")}
+# The settings every schedule takes: the warm-up, and whether the LR moves once an epoch.
+WARMUP = {"warmup_epochs": Setting(0.0, "[0, inf)"), "warmup_start_factor": Setting(0.1, "(0, 1]"),
+          "warmup_method": Setting("linear"), "per_epoch": Setting(False)}
 
 
 def lr_factor_fn(schedule, steps_per_epoch, epochs, base_lr):
-    """Multiplier of the base LR at each iteration: linear warm-up from warmup_start_factor over
-    warmup_epochs, then the row of SCHEDULES ``schedule['name']``. The step schedule counts its
-    steps from the run's first, cosine from the warm-up's end."""
+    """Multiplier of the base LR at each iteration: the warm-up over warmup_epochs (linear from
+    warmup_start_factor, or constant at it), then the row of SCHEDULES ``schedule['name']``; under
+    per_epoch, each epoch's first step's. The step schedule counts its steps from the run's first
+    (torchvision's references count from the warm-up's end), cosine from the warm-up's end."""
     warmup, start = round(schedule["warmup_epochs"] * steps_per_epoch), schedule["warmup_start_factor"]
     row, s = SCHEDULES[schedule["name"]], {**schedule, "min_lr": schedule["min_lr"] / base_lr}
     total = epochs * steps_per_epoch
 
     def factor(step):
+        if schedule["per_epoch"]:
+            step -= step % steps_per_epoch
         if step < warmup:
-            return start + (1 - start) * step / warmup
+            return start if schedule["warmup_method"] == "constant" else start + (1 - start) * step / warmup
         after = step if schedule["name"] == "step" else step - warmup
         return row.factor(after, steps_per_epoch, total - warmup, s)
     return factor

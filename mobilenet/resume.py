@@ -191,7 +191,7 @@ def check_resumable(state, checkpoint, path):
     own = [len(group["params"]) for group in state.step.optimizer.param_groups]
     if groups != own:
         raise UsageError(f"{path}: its optimizer has parameter groups of {groups} tensors, this "
-                         f"run's of {own} (optim.no_decay_bn_bias differs?); {weights_only}")
+                         f"run's of {own} (optim.norm_weight_decay or bias_weight_decay differ?); {weights_only}")
 
 
 def skips_the_epochs_rest(cfg, checkpoint):

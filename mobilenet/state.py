@@ -47,9 +47,11 @@ class TrainingState:
             set_rng_states(self.rng_start, self.device)
 
     def train_on(self, batches, after_each=lambda: None):
-        """One optimizer step over ``batches`` (train.grad_accum_steps forwards) and the schedule's;
-        returns the loss (on the device)."""
-        loss = self.step.accumulated(batches, after_each)
+        """One optimizer step over ``batches`` (train.grad_accum_steps forwards: this rank's virtual
+        ranks, from rank x their number) and the schedule's, the EMA's every train.ema_steps of the
+        epoch; returns the loss (on the device)."""
+        loss = self.step.accumulated(batches, after_each, at=(self.epoch, self.epoch_step, self.rank * len(batches)),
+                                     ema_due=self.epoch_step % self.cfg["train"]["ema_steps"] == 0)
         self.step_schedule()
         self.epoch_step += 1
         self.global_step += 1

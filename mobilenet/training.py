@@ -18,11 +18,12 @@ from torch import nn
 
 from mobilenet import checkpoint as ckpt
 from mobilenet.amp import build_precision
-from mobilenet.data.transforms import ValCrop
+from mobilenet.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ValCrop
 from mobilenet.device import compiled
 from mobilenet.distributed import broadcast_from_rank0, wrap_ddp
 from mobilenet.model import build_model, load_weights
-from mobilenet.optim import IMPLEMENTATIONS, build_optimizer, hold_lr_in_tensors, hyperparameters
+from mobilenet.data.augment import build_batch_mix
+from mobilenet.optim import IMPLEMENTATIONS, build_optimizer, hold_lr_in_tensors, hyperparameters, parameter_decays
 
 
 NO_PHASE = contextlib.nullcontext()
@@ -45,11 +46,12 @@ class TrainStep:
     default. ``device``, ``channels_last`` and ``decode_on_device``: the input it takes (``batches``).
     """
 
-    def __init__(self, *, net, wrapped, optimizer, precision, criterion, implementation, algorithm="sgd",
-                 ema=None, compiled=False, device=None, channels_last=False, decode_on_device=False):
+    def __init__(self, *, net, wrapped, optimizer, precision, criterion, implementation, ema=None, compiled=False,
+                 device=None, channels_last=False, decode_on_device=False, mix=None, clip_grad_norm=0.0):
         self.net, self.wrapped, self.optimizer = net, wrapped, optimizer
         self.precision, self.criterion, self.ema = precision, criterion, ema
-        self.implementation, self.algorithm, self.compiled = implementation, algorithm, compiled
+        self.implementation, self.compiled = implementation, compiled
+        self.mix, self.clip_grad_norm = mix, clip_grad_norm  # augment's BatchMix; train.clip_grad_norm
         self.device, self.channels_last, self.decode_on_device = device, channels_last, decode_on_device
         self.set_to_none = IMPLEMENTATIONS[implementation].grads_to_none
         self.phase = no_phase
@@ -57,14 +59,18 @@ class TrainStep:
     def __call__(self, images, labels):
         return self.accumulated([(images, labels)])
 
-    def accumulated(self, batches, after_each=lambda: None):
+    def accumulated(self, batches, after_each=lambda: None, *, at=(0, 0, 0), ema_due=True):
         """One optimizer step over the forwards of ``batches`` (train.grad_accum_steps of them): each
         one's loss divided by their number and its grads added, DDP's all-reduce at the last alone,
-        then one unscale and finite check, one step, one zero_grad, one EMA update; ``after_each()``
-        after each forward and backward (the watchdog's beat). Returns the step's loss (the mean)."""
+        then one unscale and finite check, the grads' norm clipped, one step, one zero_grad, the EMA
+        update where ``ema_due``; ``after_each()`` after each forward and backward (the watchdog's
+        beat). ``at``: (epoch, step, the first forward's virtual rank), whose batch mixes draw from.
+        Returns the step's loss (the mean)."""
         phase, precision, optimizer = self.phase, self.precision, self.optimizer
         total = None
         for position, (images, labels) in enumerate(batches):
+            if self.mix is not None:
+                images, labels = self.mix(images, labels, epoch=at[0], step=at[1], virtual_rank=at[2] + position)
             with self.without_sync(last=position == len(batches) - 1):
                 with phase("forward"), precision.autocast():
                     logits = self.wrapped(images)
@@ -77,11 +83,13 @@ class TrainStep:
             after_each()
         with phase("unscale"):
             precision.unscale(optimizer)
+            if self.clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_(list(self.optimizer_params()), self.clip_grad_norm)
         with phase("optimizer"):
             precision.step(optimizer)
         with phase("zero_grad"):
             precision.zero_grad(self.net, optimizer, self.set_to_none)
-        if self.ema is not None:
+        if self.ema is not None and ema_due:
             with phase("ema"):
                 self.ema.update()
         return total
@@ -158,7 +166,7 @@ def build_train_step(cfg, device):
                                 skip_on_device=IMPLEMENTATIONS[implementation].skip_on_device)
     optimizer = build_optimizer(precision.params(net), implementation=implementation, name=optim["name"],
                                 lr=derived["lr"], weight_decay=optim["weight_decay"],
-                                no_decay_bn_bias=optim["no_decay_bn_bias"], **hyperparameters(optim))
+                                decays=parameter_decays(net, optim), **hyperparameters(optim))
     net, optimizer = precision.initialize(net, optimizer)
     decay = cfg["train"]["ema_decay"]
     ema = WeightEMA(net, decay) if decay > 0 else None
@@ -170,10 +178,11 @@ def build_train_step(cfg, device):
             # a bound method again, as LR schedulers expect to find and wrap
             optimizer.step = types.MethodType(torch.compile(type(optimizer).step), optimizer)
     return TrainStep(net=net, wrapped=wrapped, optimizer=optimizer, compiled=derived["compile"] is not None,
-                     precision=precision, ema=ema, implementation=implementation, algorithm=optim["name"],
+                     precision=precision, ema=ema, implementation=implementation,
                      criterion=nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"]),
                      device=device, channels_last=derived["channels_last"],
-                     decode_on_device=derived["decode"] == "device")
+                     decode_on_device=derived["decode"] == "device", clip_grad_norm=cfg["train"]["clip_grad_norm"],
+                     mix=build_batch_mix(cfg["augment"], model_cfg["num_classes"], cfg["seed"]))
 
 
 class WeightEMA:
@@ -219,10 +228,6 @@ class WeightEMA:
 
 def tensors_of(net):
     return itertools.chain(net.parameters(), net.buffers())
-
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @functools.lru_cache(maxsize=None)

@@ -193,7 +193,7 @@ def test_the_lock_of_a_killed_run_and_its_interrupted_save_are_cleaned_up(tmp_pa
 
 @pytest.mark.parametrize("change,message", [
     ("optim.name=adam", "trained with optimizer sgd, this run uses adam"),
-    ("optim.no_decay_bn_bias=true", "parameter groups of [83] tensors, this run's of [28, 55]"),
+    ("optim.norm_weight_decay=0", "parameter groups of [83] tensors, this run's of [29, 54]"),
 ])
 def test_resume_that_cannot_continue_says_what_differs(two_epochs, digits, capsys, change, message):
     config_before = (two_epochs / "config.yaml").read_bytes()

@@ -18,7 +18,7 @@ import train
 from conftest import ROOT, TINY, run_train
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.data.datasets import ImageFolderRGB
-from mobilenet.data.transforms import val_transform
+from mobilenet.data.transforms import ValCrop
 
 
 def png_header_only(path, width, height):
@@ -89,7 +89,7 @@ def test_each_broken_file_warns_once_and_the_summary_counts_files(broken_data, t
 
 def test_validation_never_substitutes_an_unreadable_image(broken_data, capfd):
     root, _, _ = broken_data
-    val = ImageFolderRGB(root / "val", val_transform(24, 1.0), leave_out=(3, 24, 24))
+    val = ImageFolderRGB(root / "val", ValCrop(24, 1.0), leave_out=(3, 24, 24))
     labels = [val[i][1] for i in range(len(val))]
     names = [os.path.basename(path) for path, _ in val.samples]
     assert [name for name, label in zip(names, labels) if label == -1] == ["fifo.JPEG", "garbage.JPEG"]
@@ -127,7 +127,7 @@ def test_a_plain_folder_has_torchvision_image_folders_classes_samples_and_order(
     for name in ("b/x.JPEG", "b/sub/y.png", "b/notes.txt", "a/2.jpg", "a/10.webp", "a/z/deep/q.Tiff", "c d/.h.jpeg"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"")
-    ours, theirs = ImageFolderRGB(tmp_path, val_transform(24, 1.0)), ImageFolder(tmp_path)
+    ours, theirs = ImageFolderRGB(tmp_path, ValCrop(24, 1.0)), ImageFolder(tmp_path)
     assert (ours.classes, ours.samples, ours.targets) == (theirs.classes, theirs.samples, theirs.targets)
     assert len(ours) == 6
 
@@ -141,7 +141,7 @@ def test_the_data_record_tells_files_exchanged_between_classes_apart(tmp_path):
         (tmp_path / name).write_bytes(name.encode())
 
     def record():
-        return data_record(ImageFolderRGB(tmp_path, val_transform(24, 1.0)))
+        return data_record(ImageFolderRGB(tmp_path, ValCrop(24, 1.0)))
     before = record()
     os.rename(tmp_path / "a" / "1.jpg", tmp_path / "swap")
     os.rename(tmp_path / "b" / "3.jpg", tmp_path / "a" / "3.jpg")

@@ -83,14 +83,14 @@ def test_val_crop_is_torchvisions_resize_and_centre_crop(tmp_path, width, height
 def test_the_decoded_cache_changes_no_sample(tmp_path, digits):
     """data.cache_mb: the same pixels as reading again, at full and at reduced scale."""
     from mobilenet.data.datasets import ImageFolderRGB
-    from mobilenet.data.transforms import train_transform
+    from mobilenet.data.transforms import TrainCrop
     for i in range(4):  # large enough for reduced-scale decoding
         folder = tmp_path / "big" / "train" / "x"
         folder.mkdir(parents=True, exist_ok=True)
         write_gradient_jpeg(folder / f"{i}.JPEG", 1000 + 100 * i, 800)
     for root, size, budget in ((digits / "train", 32, 1), (tmp_path / "big" / "train", 224, 64)):
-        plain = ImageFolderRGB(root, train_transform(size, 0.08, True))
-        cached = ImageFolderRGB(root, train_transform(size, 0.08, True), cache_mb=budget)
+        plain = ImageFolderRGB(root, TrainCrop(size, scale=(0.08, 1.0), hflip=True))
+        cached = ImageFolderRGB(root, TrainCrop(size, scale=(0.08, 1.0), hflip=True), cache_mb=budget)
         assert 0 < len(cached.cache) <= len(cached) and not plain.cache
         assert sum(3 * i.height * i.width + len(i.data) for i in cached.cache.values()) <= budget * 2**20
         for index in range(0, len(plain), max(1, len(plain) // 50)):

@@ -12,7 +12,7 @@ from PIL import Image
 import train
 from conftest import TINY, assert_same_weights
 from mobilenet.data.datasets import ImageFolderRGB
-from mobilenet.data.transforms import train_transform, val_transform
+from mobilenet.data.transforms import TrainCrop, ValCrop
 from mobilenet.data.transforms import largest_reduction
 from mobilenet.data.device_decode import DeviceDecoder, Encoded, ScreenedCrop, collate, is_baseline
 
@@ -53,7 +53,7 @@ def compared(root, split, crop, train_mode, seeds):
 
 
 def test_the_device_path_draws_the_workers_boxes_and_flips(photos):
-    crop = train_transform(224, 0.08, True)
+    crop = TrainCrop(224, scale=(0.08, 1.0), hflip=True)
     screened = ImageFolderRGB(photos / "train", ScreenedCrop(crop, True))
     for index in range(len(screened.samples)):
         seed = 1000 + index
@@ -68,7 +68,7 @@ def test_pixels_within_the_stated_tolerance_of_the_workers_path(photos):
     antialiased resize), 0.2 on average. Where it decodes at 1/2, 1/4 or 1/8 (the crop's short side
     twice the output or more; the device decodes whole images): 8 on average at most (measured
     4.0-4.5 train, 1.0 val on photos; the maximum follows edges: 46-139 seen)."""
-    crop = train_transform(224, 0.08, True)
+    crop = TrainCrop(224, scale=(0.08, 1.0), hflip=True)
     seeds = [(i % 24, 7 + i) for i in range(48)]
     workers = ImageFolderRGB(photos / "train", crop)
     full = [(i, s) for i, s in seeds if largest_reduction(*crop.params(
@@ -80,7 +80,7 @@ def test_pixels_within_the_stated_tolerance_of_the_workers_path(photos):
     assert difference.max() <= 1 and difference.mean() <= 0.2, (difference.max(), difference.mean())
     a, b = compared(photos, "train", crop, True, reduced)
     assert (a.int() - b.int()).abs().float().mean() <= 8
-    a, b = compared(photos, "val", val_transform(224, 0.875), False, [(i, None) for i in range(8)])
+    a, b = compared(photos, "val", ValCrop(224, 0.875), False, [(i, None) for i in range(8)])
     assert (a.int() - b.int()).abs().float().mean() <= 8
 
 
@@ -102,7 +102,7 @@ def test_every_kind_of_bad_file_in_one_batch(tmp_path, capfd):
     (folder / "5-empty.JPEG").write_bytes(b"")
     image.save(folder / "6-good.JPEG", quality=90)
     assert not is_baseline((folder / "0-progressive.JPEG").read_bytes()) and is_baseline(whole.getvalue())
-    dataset = ImageFolderRGB(tmp_path / "train", ScreenedCrop(train_transform(32, 0.5, True), True))
+    dataset = ImageFolderRGB(tmp_path / "train", ScreenedCrop(TrainCrop(32, scale=(0.5, 1.0), hflip=True), True))
     samples = [dataset[(i, 5 + i)] for i in range(7)]
     kinds = [isinstance(sample, Encoded) for sample, _ in samples]
     assert kinds == [False, False, False, True, True, True, True]  # the empty one's place: the next file's

@@ -9,7 +9,7 @@ import train
 from conftest import ROOT, TINY
 from mobilenet.config import DEFAULTS, build_config, resolve
 from mobilenet.model import MobileNetV1
-from mobilenet.optim import (ALGORITHMS, IMPLEMENTATIONS, SCHEDULES, build_optimizer, build_scheduler,
+from mobilenet.optim import (ALGORITHMS, parameter_decays, IMPLEMENTATIONS, SCHEDULES, build_optimizer, build_scheduler,
                              choose_implementation, describe_optimizer, lr_factor_fn, schedule_at)
 
 FAMILIES = ["sgd", "adam", "adamw", "rmsprop"]
@@ -23,11 +23,11 @@ def make(model, name, impl, device="cpu", **kwargs):
     return build_optimizer(model, implementation=implementation, name=name, **hyper, **kwargs), implementation
 
 
-def train_steps(impl, name, steps=4, no_decay_bn_bias=False):
+def train_steps(impl, name, steps=4, decays=None):
     torch.manual_seed(0)
     model = MobileNetV1(width_mult=0.25, num_classes=10)
     optimizer, implementation = make(model, name, impl, lr=0.01, weight_decay=1e-4,
-                                     no_decay_bn_bias=no_decay_bn_bias)
+                                     decays=decays(model) if decays else None)
     data = torch.Generator().manual_seed(1)
     for _ in range(steps):
         images = torch.randn(8, 3, 32, 32, generator=data)
@@ -118,14 +118,30 @@ def test_an_algorithm_is_one_entry_even_a_class_without_foreach_or_fused(monkeyp
                                           "fused kernel, so --optimizer fused runs this)")
 
 
+def optim_section(norm="auto", bias="auto"):
+    return {"weight_decay": 1e-4, "norm_weight_decay": norm, "bias_weight_decay": bias}
+
+
 def test_no_weight_decay_on_bn_and_bias():
     model = MobileNetV1()
-    groups = build_optimizer(model, weight_decay=1e-4, no_decay_bn_bias=True).param_groups
+    decays = parameter_decays(model, optim_section(norm=0.0, bias=0.0))
+    groups = build_optimizer(model, weight_decay=1e-4, decays=decays).param_groups
     assert [g["weight_decay"] for g in groups] == [1e-4, 0.0]
     assert len(groups[0]["params"]) == 28  # 27 conv weights + fc weight
     assert len(groups[1]["params"]) == 55  # 27 BN (weight, bias) pairs + fc bias
-    sgd, _ = train_steps("standard", "sgd", no_decay_bn_bias=True)
+    sgd, _ = train_steps("standard", "sgd", decays=lambda net: parameter_decays(net, optim_section(0.0, 0.0)))
     assert sgd is not None
+
+
+@pytest.mark.parametrize("norm,bias,expected", [
+    ("auto", "auto", {1e-4: 83}),
+    (0.0, "auto", {1e-4: 29, 0.0: 54}),   # a BN layer's bias is the layer's; the fc bias decays
+    ("auto", 0.0, {1e-4: 55, 0.0: 28}),   # every bias, BN's too
+    (0.0, 2e-5, {1e-4: 28, 0.0: 27, 2e-5: 28})])
+def test_norm_and_bias_weight_decay_split_as_the_references_do(norm, bias, expected):
+    model = MobileNetV1()
+    groups = build_optimizer(model, decays=parameter_decays(model, optim_section(norm, bias))).param_groups
+    assert {g["weight_decay"]: len(g["params"]) for g in groups} == expected
 
 
 @pytest.mark.parametrize("name,cls", [("sgd", "NpuFusedSGD"), ("adam", "NpuFusedAdam"),

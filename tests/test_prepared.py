@@ -15,7 +15,7 @@ from PIL import Image
 import train
 from conftest import ROOT, TINY, assert_same_weights, process_tree
 from mobilenet.data.datasets import ImageFolderRGB
-from mobilenet.data.transforms import train_transform
+from mobilenet.data.transforms import TrainCrop
 from mobilenet.data.prepared import prepare
 from mobilenet.data.prepared import PreparedImages
 
@@ -49,7 +49,7 @@ def prepared(source, tmp_path_factory):
 
 
 def test_the_prepared_set_is_the_folder_in_its_order_with_bounded_sides(source, prepared):
-    transform = train_transform(32, 0.5, False)
+    transform = TrainCrop(32, scale=(0.5, 1.0), hflip=False)
     folder = ImageFolderRGB(source / "train", transform)
     ours = PreparedImages(prepared, "train", transform)
     assert ours.classes == folder.classes and ours.samples == folder.samples and ours.targets == folder.targets

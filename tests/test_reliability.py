@@ -16,7 +16,7 @@ from conftest import ROOT, TINY, run_train
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.errors import UsageError
 from mobilenet.data.datasets import ImageFolderRGB
-from mobilenet.data.transforms import val_transform
+from mobilenet.data.transforms import ValCrop
 
 SAVER = """
 import sys, torch
@@ -87,7 +87,7 @@ def write_broken_folder(root):
 
 def test_decodes_cmyk_gray_png_and_skips_broken_files(tmp_path, capfd):
     folder = write_broken_folder(tmp_path)
-    dataset = ImageFolderRGB(folder.parent, val_transform(24, 1.0))
+    dataset = ImageFolderRGB(folder.parent, ValCrop(24, 1.0))
     names = [os.path.basename(p) for p, _ in dataset.samples]
     images = {name: dataset[i][0] for i, name in enumerate(names)}
     assert all(image.shape == (3, 24, 24) and image.dtype == torch.uint8 for image in images.values())
@@ -102,7 +102,7 @@ def test_decodes_cmyk_gray_png_and_skips_broken_files(tmp_path, capfd):
     assert len(warnings) == 2 and all(w.startswith("warning: skipping unreadable image") for w in warnings)
     assert int(dataset.unreadable.sum()) == 2
     with pytest.raises(UsageError, match="garbage.JPEG: unreadable image"):
-        ImageFolderRGB(folder.parent, val_transform(24, 1.0), strict=True)[names.index("garbage.JPEG")]
+        ImageFolderRGB(folder.parent, ValCrop(24, 1.0), strict=True)[names.index("garbage.JPEG")]
 
 
 def test_training_skips_broken_files_or_stops_when_strict(tmp_path):

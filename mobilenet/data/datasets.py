@@ -332,9 +332,10 @@ class WorkerSignals:
 
 
 def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False,
-                  worker_signals=None, workers=0, decode="workers", accumulation=1):
+                  worker_signals=None, workers=0, decode="workers", accumulation=1, reps=1):
     """Train: a seeded, resumable shuffle per epoch, full batches, ``accumulation`` of them for each
-    optimizer step (ResumableSampler's virtual ranks). Val: this process's exact share.
+    optimizer step (ResumableSampler's virtual ranks; ``reps``: augment.ra_reps). Val: this
+    process's exact share.
     ``workers``: loader processes each (derived.workers); ``worker_signals``: a WorkerSignals
     whose protection the workers follow; ``decode``: derived.decode (device: batches of encoded
     JPEGs and the images decoded in the workers, mobilenet.data.device_decode)."""
@@ -343,7 +344,7 @@ def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=Fa
     if decode == "device":  # imported only then
         from mobilenet.data.device_decode import collate
         common["collate_fn"] = collate
-    sampler = ResumableSampler(len(train_set), rank, world, seed, data["batch_size"], accumulation)
+    sampler = ResumableSampler(len(train_set), rank, world, seed, data["batch_size"], accumulation, reps)
     # generators of their own: an iteration's start draws from them, not from torch's global one,
     # which the model's own randomness (dropout) uses and checkpoints restore
     train = DataLoader(train_set, batch_size=data["batch_size"], sampler=sampler, drop_last=True,
@@ -363,11 +364,15 @@ class ResumableSampler(Sampler):
     this process holding what rank ``rank x accumulation + m`` holds (so one process accumulating 2
     forwards trains what 2 processes train, forward by forward). It can start at any global step
     of the epoch (``set_epoch``), on any number of processes that keeps the global batch, and
-    yields (index, seed): each sample's augmentation depends only on the seed, the epoch and its
-    index, so a resumed run sees exactly the images an uninterrupted one would."""
+    yields (index, seed): each sample's augmentation depends only on the seed, the epoch, its index
+    and its copy, so a resumed run sees exactly the images an uninterrupted one would.
+    ``reps`` > 1: repeated augmentation, as the references' RASampler deals it: each image of the
+    shuffled order ``reps`` times in a row (so on consecutive virtual ranks, each copy with a seed
+    of its own), the order cut to the epoch's length (RASampler also cuts an epoch to a multiple of
+    256 images per rank; this one to its global batches)."""
 
-    def __init__(self, length, rank=0, world=1, seed=0, batch=1, accumulation=1):
-        self.length, self.seed, self.batch = length, seed, batch
+    def __init__(self, length, rank=0, world=1, seed=0, batch=1, accumulation=1, reps=1):
+        self.length, self.seed, self.batch, self.reps = length, seed, batch, reps
         self.virtual = range(rank * accumulation, (rank + 1) * accumulation)  # this process's virtual ranks
         self.ranks = world * accumulation
         self.steps = length // self.ranks // batch  # optimizer steps an epoch (global batches)
@@ -379,12 +384,12 @@ class ResumableSampler(Sampler):
 
     def __iter__(self):
         order = torch.randperm(self.length, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        order = order[:self.length // self.ranks * self.ranks]
+        order = order.repeat_interleave(self.reps)[:self.length // self.ranks * self.ranks]
         shares = {v: order[v::self.ranks].tolist() for v in self.virtual}
-        base = (self.seed * 1_000_003 + self.epoch) * self.length
-        b = self.batch
-        return ((index, base + index) for step in range(self.start, self.steps) for v in self.virtual
-                for index in shares[v][step * b:(step + 1) * b])
+        base, b, reps, ranks = (self.seed * 1_000_003 + self.epoch) * self.length * self.reps, self.batch, self.reps, self.ranks
+        return ((index, base + index * reps + (v + (step * b + k) * ranks) % reps)  # the copy's own seed
+                for step in range(self.start, self.steps) for v in self.virtual
+                for k, index in enumerate(shares[v][step * b:(step + 1) * b]))
 
     def __len__(self):
         return (self.steps - self.start) * len(self.virtual) * self.batch

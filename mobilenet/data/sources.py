@@ -18,7 +18,7 @@ from typing import Callable
 from PIL import Image
 
 from mobilenet.data import prepared
-from mobilenet.data.transforms import train_transform, val_transform
+from mobilenet.data.transforms import crops
 from mobilenet.data.datasets import EncodedImage, SyntheticImages, checked, image_folder, read_regular_file
 from mobilenet.device import usable_cores
 from mobilenet.errors import UsageError
@@ -45,7 +45,9 @@ class Source:
     fallback: bool = False
 
 
-IMAGE_SETTINGS = ("hflip", "min_scale", "val_resize_ratio", "strict", "cache_mb", "decode")  # of files' images
+# of files' images: data.* settings, and the augment.* ones that transform each image
+IMAGE_SETTINGS = ("hflip", "min_scale", "val_resize_ratio", "strict", "cache_mb", "decode", "train_resolution",
+                  "interpolation", "augment.policy", "augment.random_erase")
 DATA_OPTIONAL = (*IMAGE_SETTINGS, "synthetic_size")  # the data.* settings a source may take or not
 
 
@@ -149,15 +151,14 @@ def source_of(path):
     return SOURCES[claimed[0]] if claimed else next(source for source in SOURCES.values() if source.fallback)
 
 
-def build_datasets(data, model, decode="workers"):
+def build_datasets(data, model, augment, decode="workers"):
     """(train, val) datasets for ``data.path``. ``decode``: derived.decode (device: the workers hand
     baseline JPEGs over still encoded)."""
-    crops = (train_transform(model["resolution"], data["min_scale"], data["hflip"]),
-             val_transform(model["resolution"], data["val_resize_ratio"]))
+    transforms = crops(data, model, augment)
     if decode == "device":
         from mobilenet.data.device_decode import ScreenedCrop  # imported only then
-        crops = (ScreenedCrop(crops[0], train=True), ScreenedCrop(crops[1], train=False))
-    return source_of(data["path"]).datasets(data["path"], data, model, crops)
+        transforms = (ScreenedCrop(transforms[0], train=True), ScreenedCrop(transforms[1], train=False))
+    return source_of(data["path"]).datasets(data["path"], data, model, transforms)
 
 
 def train_images(data, limit):

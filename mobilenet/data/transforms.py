@@ -2,7 +2,8 @@
 them: TrainCrop and ValCrop, below).
 
 JPEGs decode with libjpeg-turbo (simplejpeg), at 1/2, 1/4 or 1/8 scale whenever the caller keeps
-its output resolution; images resize with torch's antialiased bilinear on uint8.
+its output resolution; images resize with torch's antialiased bilinear (or data.interpolation) on
+uint8. The policies after the crop: data/augment.py.
 """
 import io
 import math
@@ -13,6 +14,9 @@ import simplejpeg
 import torch
 import torch.nn.functional as F
 from PIL import Image
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class EncodedImage:
@@ -79,11 +83,12 @@ def largest_reduction(height, width, keep):
     return reduce
 
 
-def resize(pixels, height, width):
-    """uint8 CHW -> height x width, antialiased bilinear (torch's uint8 kernel, as torchvision's
-    v2 resize uses it, without its per-call dispatch)."""
-    return F.interpolate(pixels[None], size=(height, width), mode="bilinear", antialias=True,
-                         align_corners=False)[0]
+def resize(pixels, height, width, mode="bilinear"):
+    """uint8 CHW -> height x width, antialiased bilinear or bicubic, or nearest (torch's uint8
+    kernels, as torchvision's v2 resize uses them, without its per-call dispatch)."""
+    if mode == "nearest":
+        return F.interpolate(pixels[None], size=(height, width), mode="nearest-exact")[0]
+    return F.interpolate(pixels[None], size=(height, width), mode=mode, antialias=True, align_corners=False)[0]
 
 
 class TrainCrop:
@@ -95,8 +100,8 @@ class TrainCrop:
     sample's seed in place of torch's global generator: torchvision's ~15 one-element tensor ops
     cost ~150 us an image and need the global state saved and restored around each sample."""
 
-    def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=True):
-        self.size, self.scale, self.ratio, self.hflip = size, scale, ratio, hflip
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=True, mode="bilinear"):
+        self.size, self.scale, self.ratio, self.hflip, self.mode = size, scale, ratio, hflip, mode
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
 
     def params(self, height, width, rng):
@@ -125,7 +130,7 @@ class TrainCrop:
         sy, sx = pixels.shape[1] / image.height, pixels.shape[2] / image.width
         top, left = round(top * sy), round(left * sx)
         crop = pixels[:, top:top + round(height * sy), left:left + round(width * sx)]
-        out = resize(crop, self.size, self.size)
+        out = resize(crop, self.size, self.size, self.mode)
         return out.flip(-1) if self.hflip and rng.random() < 0.5 else out
 
 
@@ -133,12 +138,12 @@ class ValCrop:
     """The standard protocol: resize the shorter side to resolution / resize_ratio (decoding at the
     smallest scale that still covers it), centre crop, as torchvision's Resize + CenterCrop do."""
 
-    def __init__(self, size, resize_ratio):
-        self.size, self.side = size, round(size / resize_ratio)
+    def __init__(self, size, resize_ratio, mode="bilinear"):
+        self.size, self.side, self.mode = size, round(size / resize_ratio), mode
 
     def __call__(self, image, seed=None):
         pixels = image.decode(largest_reduction(image.height, image.width, self.side))
-        return self.centre(resize(pixels, *self.resized(*pixels.shape[1:])))
+        return self.centre(resize(pixels, *self.resized(*pixels.shape[1:]), self.mode))
 
     def resized(self, height, width):
         """The size an image of ``height`` x ``width`` is resized to: its shorter side ``side``."""
@@ -153,9 +158,12 @@ class ValCrop:
         return pixels[:, top:top + self.size, left:left + self.size]
 
 
-def train_transform(resolution, min_scale, hflip):
-    return TrainCrop(resolution, scale=(min_scale, 1.0), hflip=hflip)
-
-
-def val_transform(resolution, resize_ratio):
-    return ValCrop(resolution, resize_ratio)
+def crops(data, model, augment):
+    """(train, val) transforms: the train crop at data.train_resolution (auto: model.resolution),
+    with the augment section's policy and random erasing after it (data/augment.py) where given."""
+    train_side = model["resolution"] if data["train_resolution"] == "auto" else data["train_resolution"]
+    train = TrainCrop(train_side, scale=(data["min_scale"], 1.0), hflip=data["hflip"], mode=data["interpolation"])
+    if augment["policy"] != "none" or augment["random_erase"]:
+        from mobilenet.data.augment import SampleAugment  # torchvision, only then
+        train = SampleAugment(train, augment, data["interpolation"])
+    return train, ValCrop(model["resolution"], data["val_resize_ratio"], data["interpolation"])

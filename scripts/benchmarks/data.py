@@ -30,7 +30,7 @@ def pipelines(root, resolution):
     from torchvision.transforms import v2
 
     from mobilenet.data.datasets import ImageFolderRGB
-    from mobilenet.data.transforms import train_transform
+    from mobilenet.data.transforms import TrainCrop
     from mobilenet.training import IMAGENET_MEAN, IMAGENET_STD
     folder = Path(root) / "train"
     default = datasets.ImageFolder(folder, transforms.Compose([
@@ -42,7 +42,7 @@ def pipelines(root, resolution):
     fast = datasets.DatasetFolder(folder, loader=lambda path: torchvision.io.decode_jpeg(
         torchvision.io.read_file(path), mode=torchvision.io.ImageReadMode.RGB),
         extensions=(".jpeg", ".jpg"), transform=fast_transform)
-    ours = ImageFolderRGB(folder, train_transform(resolution, 0.08, True))
+    ours = ImageFolderRGB(folder, TrainCrop(resolution, scale=(0.08, 1.0), hflip=True))
 
     def rate(dataset, key):
         def one_pass():
