@@ -18,13 +18,12 @@ from pathlib import Path
 
 import torch
 
-from mobilenet.amp import LEVELS
 from mobilenet.config import CHOICES, FLAGS, build_config, coerce_setting, parse_override, resolve
-from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
 from mobilenet.measure import PROFILED_STEPS
 from mobilenet.model import MODELS, model_name
 
+LEVELS, DEVICES = sorted(CHOICES["amp.level"]), sorted(CHOICES["device"])
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
@@ -78,9 +77,9 @@ def split_positionals(positionals):
 
 def default_config(data, torchvision=False):
     """The recipe of data.path's source (mobilenet.data.sources), the demo without a path; under
-    torchvision's dialect, its train.py's defaults (configs/recipes/torchvision.yaml)."""
+    torchvision's dialect, its train.py's defaults (configs/torchvision.yaml)."""
     from mobilenet.data.sources import source_of
-    return CONFIGS / ("recipes/torchvision.yaml" if torchvision else f"{source_of(data or 'digits').recipe}.yaml")
+    return CONFIGS / ("torchvision.yaml" if torchvision else f"{source_of(data or 'digits').recipe}.yaml")
 
 
 def flag_settings(args, folder, processes):
@@ -239,19 +238,7 @@ def dialect_settings(args, processes):
     def add(origin, settings, note=None):
         found.append((origin, settings,
                       note or f"{origin} = " + ", ".join(f"{k}={v}" for k, v in settings.items())))
-    if args.batch_size is not None and torchvision_dialect(args):
-        add(f"-b/--batch-size {args.batch_size}", {"data.batch_size": args.batch_size,
-                                                   "data.val_batch_size": args.batch_size},
-            f"-b/--batch-size {args.batch_size} = data.batch_size and data.val_batch_size {args.batch_size} per "
-            f"process (torchvision's)")
-    elif args.batch_size is not None:
-        if args.batch_size % processes:
-            raise UsageError(f"-b/--batch-size {args.batch_size}: the batch of this node's {processes} "
-                             f"processes must divide among them; pass a multiple of {processes}")
-        per_process = args.batch_size // processes
-        add(f"-b/--batch-size {args.batch_size}", {"data.batch_size": per_process},
-            f"-b/--batch-size {args.batch_size} for the node = data.batch_size {per_process} per "
-            f"process x {processes}")
+    add_batch_and_workers(args, add, processes)
     if args.learning_rate is not None:
         add(f"--lr {args.learning_rate:g}", {"optim.lr": args.learning_rate, "optim.lr_scale_batch": 0})
     for value, flag, key in ((args.momentum, "--momentum", "optim.momentum"),
@@ -271,13 +258,6 @@ def dialect_settings(args, processes):
             f"{PROFILED_STEPS + 2} in <output>/profile (TensorBoard's format; main.py's output.prof is "
             f"not written)")
     add_device_id(args, add)
-    if args.workers is not None and torchvision_dialect(args):
-        add(f"-j/--workers {args.workers}", {"data.workers": args.workers})
-    elif args.workers is not None:
-        per_process = math.ceil(args.workers / processes)
-        add(f"-j/--workers {args.workers}", {"data.workers": per_process},
-            f"-j/--workers {args.workers} for the node = data.workers {per_process} per process x "
-            f"{processes}")
     if args.dummy:
         add("--dummy", {"data.path": "synthetic"})
     if args.no_accel:
@@ -286,9 +266,8 @@ def dialect_settings(args, processes):
         name = model_name(args.arch)
         if name is None:
             raise UsageError(f"-a/--arch {args.arch}: this app trains {', '.join(MODELS)} and torchvision's "
-                             f"classification models (mobilenet is "
-                             f"mobilenet_v1, ModelZoo's); width and resolution are model.width_mult and "
-                             f"model.resolution")
+                             f"classification models (mobilenet is mobilenet_v1, ModelZoo's); width and "
+                             f"resolution are model.width_mult and model.resolution")
         add(f"-a/--arch {args.arch}", {"model.name": name})
     if args.pretrained:
         raise UsageError("--pretrained: main.py downloads torchvision's weights; here start from a "
@@ -297,6 +276,33 @@ def dialect_settings(args, processes):
     if torchvision_dialect(args):
         torchvision_settings(args, add)
     return found
+
+
+def add_batch_and_workers(args, add, processes):
+    """-b and -j: per node in main.py, divided among the node's ``processes``; per process in
+    torchvision's train.py (its -b sets the validation batch too)."""
+    if torchvision_dialect(args):
+        if args.batch_size is not None:
+            add(f"-b/--batch-size {args.batch_size}", {"data.batch_size": args.batch_size,
+                                                       "data.val_batch_size": args.batch_size},
+                f"-b/--batch-size {args.batch_size} = data.batch_size and data.val_batch_size {args.batch_size} "
+                f"per process (torchvision's)")
+        if args.workers is not None:
+            add(f"-j/--workers {args.workers}", {"data.workers": args.workers})
+        return
+    if args.batch_size is not None:
+        if args.batch_size % processes:
+            raise UsageError(f"-b/--batch-size {args.batch_size}: the batch of this node's {processes} "
+                             f"processes must divide among them; pass a multiple of {processes}")
+        per_process = args.batch_size // processes
+        add(f"-b/--batch-size {args.batch_size}", {"data.batch_size": per_process},
+            f"-b/--batch-size {args.batch_size} for the node = data.batch_size {per_process} per "
+            f"process x {processes}")
+    if args.workers is not None:
+        per_process = math.ceil(args.workers / processes)
+        add(f"-j/--workers {args.workers}", {"data.workers": per_process},
+            f"-j/--workers {args.workers} for the node = data.workers {per_process} per process x "
+            f"{processes}")
 
 
 def check_step_caps(args):
@@ -417,7 +423,7 @@ SWITCH_FLAGS = SWITCHES | {"--ra-sampler", "--model-ema", "--cache-dataset", "--
 def add_torchvision_flags(p):
     g = p.add_argument_group("flags of torchvision's references/classification/train.py",
                              "Each as it is there; -b/--batch-size and -j/--workers are per process under them. "
-                             "Without --config its defaults are configs/recipes/torchvision.yaml.")
+                             "Without --config its defaults are configs/torchvision.yaml.")
     for flag, setting in TORCHVISION.items():
         if flag in SWITCHES:
             g.add_argument(flag, action="store_true", default=None, dest=dest(flag), help=setting)

@@ -401,7 +401,7 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     whether a choice may measure the process's card (data.decode auto; not in the launcher's check).
     """
     from mobilenet.amp import choose_backend
-    from mobilenet.data.sources import auto_workers
+    from mobilenet.data.sources import auto_workers, choose_decode
     from mobilenet.device import choose_compile
     from mobilenet.device import choose_device
     from mobilenet.distributed import world_from_env
@@ -471,29 +471,6 @@ def flat(cfg, dotted):
     """The setting ``dotted`` ('data.hflip') of ``cfg``."""
     section, key = dotted.split(".")
     return cfg[section][key]
-
-
-def choose_decode(setting, device_type, *, workers, card=0, probe=True, per_sample=""):
-    """('workers' or 'device', why) for data.decode ``setting``; ``per_sample``: the augmentation
-    that runs in the workers (augment.per_sample), which only workers take. auto: device on cuda when a probe
-    decodes baseline JPEGs on the process's card to the workers' pixels and faster than its
-    loader's ``workers`` decode them on the host (mobilenet.data.device_decode.decode_choice), else
-    workers: on cpu and npu always (the npu has no batched decode here).
-    ``probe=False`` (the launcher's own check): no probe, no card touched; the training processes
-    decide."""
-    if setting == "device" and per_sample:
-        raise UsageError(f"data.decode=device crops on the device, which takes no {per_sample}; use "
-                         f"data.decode=workers (or auto) with them")
-    if setting != "auto":
-        return setting, f"{setting} (data.decode={setting})"
-    if per_sample:
-        return "workers", f"workers (auto: {per_sample} runs in the loader's workers)"
-    if device_type != "cuda":
-        return "workers", f"workers (auto: decoding on the device is for cuda; this is {device_type})"
-    if not probe:
-        return "workers", "workers (auto: decided by each training process's probe)"
-    from mobilenet.data.device_decode import probe_choice  # device decode is imported only where it may run
-    return probe_choice(card, workers)
 
 
 def batches(cfg, processes, global_batch=None):

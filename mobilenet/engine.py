@@ -18,11 +18,12 @@ import torch
 
 from mobilenet import checkpoint as ckpt
 from mobilenet import resume as resume_policy
+from mobilenet.resume import data_changes
 from mobilenet.behaviours import behaviours_for
 from mobilenet.config import differing_settings, thaw
 from mobilenet.data.datasets import build_loaders
 from mobilenet.data.sources import build_datasets
-from mobilenet.data.datasets import WorkerSignals, data_changes, data_record
+from mobilenet.data.datasets import WorkerSignals, data_record
 from mobilenet.device import open_device
 from mobilenet.distributed import (any_rank, any_rank_restarted, destroy, every_rank, host_group, init_process_group,
                                    world_from_env)
@@ -32,7 +33,6 @@ from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, St
 from mobilenet.measure import named_phase, profiler
 from mobilenet.state import TrainingState
 from mobilenet.validation import read_summary, write_summary
-from mobilenet.training import TrainStep
 from mobilenet.validation import Accuracy, accuracy_line, validate
 from mobilenet.watchdog import Watchdog, kill_loader_workers
 
@@ -54,7 +54,7 @@ class Run:
     breakdown: StepBreakdown | None = None
 
     @property
-    def step(self) -> TrainStep:
+    def step(self):
         """What trains: the state's TrainStep."""
         return self.state.step
 

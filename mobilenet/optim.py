@@ -24,14 +24,7 @@ import torch.optim.optimizer as torch_optimizer  # the module torch_npu patches
 
 from mobilenet.device import import_torch_npu
 from mobilenet.errors import UsageError
-
-
-@dataclass(frozen=True)
-class Setting:
-    """An algorithm's own setting (optim.<name>): its default, and the interval every number of it
-    must lie in, written as config.RANGES writes them ('[0, 1)'; None: any value of its type)."""
-    default: object
-    interval: str = None
+from mobilenet.tables import Setting, row_settings
 
 
 @dataclass(frozen=True)
@@ -64,18 +57,6 @@ def algorithm_settings():
 def schedule_settings():
     """{name: Setting} of every schedule's own settings and the warm-up's: the schedule.* schema."""
     return {**row_settings("optim.SCHEDULES", {name: row.settings for name, row in SCHEDULES.items()}), **WARMUP}
-
-
-def row_settings(table, rows):
-    """{name: Setting} of the settings of a table's ``rows`` ({row: {name: Setting}}). A name means
-    one thing, so rows that share one share its Setting (a ValueError says which)."""
-    found = {}
-    for row_name, settings in rows.items():
-        for name, setting in settings.items():
-            if found.setdefault(name, setting) != setting:
-                raise ValueError(f"{table}: '{name}' of '{row_name}' is {setting}, another row's is "
-                                 f"{found[name]}; a setting means one thing: give the same, or another name")
-    return found
 
 
 def npu_fused_class(module_name):

@@ -14,7 +14,6 @@ import torch
 
 from mobilenet import checkpoint as ckpt
 from mobilenet.config import with_global_batch
-from mobilenet.data.datasets import data_changes
 from mobilenet.distributed import from_rank0
 from mobilenet.errors import UsageError
 from mobilenet.model import check_same_model
@@ -268,3 +267,19 @@ def optimizer_misfit(saved, optimizer, algorithm):
                 and isinstance(buffer, torch.Tensor) and buffer.shape == params[index].shape):
             return f"its state of tensor {index} is not a momentum buffer of that tensor's shape"
     return ""
+
+
+def data_changes(was, now, then="then", here="now"):
+    """'train: 1437 images then, 718 now; val: the same count, other files' for the splits that
+    differ between two data records, or '' (also when one is missing); ``then`` and ``here`` name them."""
+    if not was or not now:
+        return ""
+    changes = []
+    for split in ("train", "val"):
+        before, after = was.get(split) or {}, now[split]
+        if before != after:
+            counts = (f"the same {after['images']} images, other files or labels"
+                      if before.get("images") == after["images"]
+                      else f"{before.get('images')} images {then}, {after['images']} {here}")
+            changes.append(f"{split}: {counts}")
+    return "; ".join(changes)

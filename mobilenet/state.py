@@ -18,13 +18,13 @@ from mobilenet.training import build_train_step
 
 
 class TrainingState:
-    """The TrainStep (``step``, built here), the LR schedule over ``steps_per_epoch`` steps an epoch, and the run's
-    position: ``epoch`` (epochs completed), ``epoch_step`` (batches done in the epoch under way),
-    ``global_step`` (steps trained since the run began: counted, so an epoch skipped on a resume
-    renumbers nothing), the best top-1, ``awaiting_validation`` (the last step ended an epoch, or
-    the run, not yet validated) and ``resumed_at`` (the global step a resumed run continues after;
-    None for a fresh run). ``records``: what the checkpoint says the run was ({"config": the resolved
-    config as plain data, "data": {"train": data record, "val": ...}})."""
+    """The TrainStep (``step``, built here), the LR schedule over ``steps_per_epoch`` steps an epoch,
+    and the run's position: ``epoch`` (epochs completed), ``epoch_step`` (batches done in the epoch
+    under way), ``global_step`` (steps trained since the run began: counted, so an epoch skipped on
+    a resume renumbers nothing), the best top-1, ``awaiting_validation`` (the last step ended an
+    epoch, or the run, not yet validated) and ``resumed_at`` (the global step a resumed run goes on
+    after; None for a fresh run). ``records``: what the checkpoint says the run was (the config as
+    plain data, the data records)."""
 
     def __init__(self, cfg, device, steps_per_epoch, *, rank=0, records=None):
         self.cfg, self.device, self.steps_per_epoch, self.rank = cfg, device, steps_per_epoch, rank
@@ -47,9 +47,8 @@ class TrainingState:
             set_rng_states(self.rng_start, self.device)
 
     def train_on(self, batches, after_each=lambda: None):
-        """One optimizer step over ``batches`` (train.grad_accum_steps forwards: this rank's virtual
-        ranks, from rank x their number) and the schedule's, the EMA's every train.ema_steps of the
-        epoch; returns the loss (on the device)."""
+        """One optimizer step over ``batches`` (this rank's virtual ranks' forwards) and the
+        schedule's; returns the loss (on the device)."""
         loss = self.step.accumulated(batches, after_each, at=(self.epoch, self.epoch_step, self.rank * len(batches)),
                                      ema_due=self.epoch_step % self.cfg["train"]["ema_steps"] == 0)
         self.step_schedule()
@@ -65,7 +64,6 @@ class TrainingState:
         else:
             schedule_at(self.scheduler, 1)
 
-    # The position.
     @property
     def steps_left(self):
         """Steps the run still trains: to the end of its epochs, or of train.max_steps when sooner."""
@@ -106,7 +104,6 @@ class TrainingState:
         self.best_top1, self.global_step = best_top1, epoch * self.steps_per_epoch
         self.rng_start = training_seed(self.cfg["seed"], self.rank, self.global_step)
 
-    # The checkpoint.
     def state_dict(self, every_rank_rng=True):
         """The checkpoint (checkpoint.KEYS). ``rng``: every rank's random generators, by rank (a
         collective: every rank calls it at once); without ``every_rank_rng``, this rank's alone."""

@@ -50,7 +50,7 @@ def validate(args):
     cfg = build_config(None, settings={"data.path": args.data, "model.resolution": args.resolution,
                                        "data.val_resize_ratio": args.resize_ratio,
                                        "model.num_classes": output_classes(net)})
-    _, val = build_datasets(cfg["data"], cfg["model"])  # the train split too: their classes must agree
+    _, val = build_datasets(cfg["data"], cfg["model"], cfg["augment"])  # the train split too: their classes must agree
     loader = DataLoader(val, batch_size=args.batch_size, num_workers=args.workers,
                         pin_memory=device.type != "cpu")
     return accuracy(net, DevicePrefetcher(loader, device), contextlib.nullcontext, device)

@@ -84,7 +84,8 @@ def test_bench_data_runs(tmp_path, capsys):
 
 def test_bench_feed_runs_every_part_on_imagenet_like_photos(tmp_path, capsys):
     """bench.py feed, small: the photos' mix, the cost by stage (the prepared set's per image below
-    the folder's), the feed by loader workers, training from each source and decode against synthetic."""
+    the folder's), each augmentation's against the crop's, the feed by loader workers, training from
+    each source and decode against synthetic."""
     out = tmp_path / "feed.json"
     report = benchmark("feed").main(["--images", "32", "--resolution", "32", "--batch-size", "8", "--steps", "2",
                                      "--rounds", "1", "--max-sides", "256", "--json", str(out), "model.width_mult=0.25",
@@ -93,6 +94,11 @@ def test_bench_feed_runs_every_part_on_imagenet_like_photos(tmp_path, capsys):
     assert set(report["cost"]) == {"folder", "prepared", "prepared 256"}
     assert set(report["cost"]["folder"]) == {"read", "decode", "crop/resize", "collation"}
     assert report["cost_ratio"]["prepared"] > 1  # quality 96, 4:4:4, 500x375 and more, against 384 px 4:2:0
+    assert set(report["augment"]) == {"decode, crop and flip", "+ imagenet", "+ cifar10", "+ svhn", "+ ra",
+                                      "+ ta_wide", "+ augmix", "+ random erasing",
+                                      "+ mixup (on the batch; on the host here)",
+                                      "+ cutmix (on the batch; on the host here)"}
+    assert report["augment"]["+ augmix"]["vs_crop"][0] > 1  # four chains of ops cost more than the crop alone
     assert {key.split("|")[1] for key in report["feed"]} >= {"0", "1"}
     assert set(report["training"]) == {"synthetic", "folder, decode workers", "folder, decode device",
                                        "prepared, decode workers", "prepared, decode device"}

@@ -287,7 +287,7 @@ def test_workers_auto_sees_a_cpu_quota(tmp_path):
 
 
 def test_decode_auto_takes_the_workers_off_cuda_and_says_why():
-    from mobilenet.config import choose_decode
+    from mobilenet.data.sources import choose_decode
     cfg = resolve(build_config(None, ["device=cpu", "data.path=/imagenet"]))
     assert (cfg["data"]["decode"], cfg["derived"]["decode"]) == ("auto", "workers")
     assert cfg["derived"]["decode_why"] == "workers (auto: decoding on the device is for cuda; this is cpu)"

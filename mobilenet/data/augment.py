@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from mobilenet.data.transforms import IMAGENET_MEAN
-from mobilenet.optim import Setting, row_settings
+from mobilenet.tables import Setting, row_settings
 
 
 @dataclass(frozen=True)

@@ -230,22 +230,6 @@ def data_record(dataset):
     return {"images": len(dataset), "fingerprint": digest.hexdigest()}
 
 
-def data_changes(was, now, then="then", here="now"):
-    """'train: 1437 images then, 718 now; val: the same count, other files' for the splits that
-    differ between two data records, or '' (also when one is missing); ``then`` and ``here`` name them."""
-    if not was or not now:
-        return ""
-    changes = []
-    for split in ("train", "val"):
-        before, after = was.get(split) or {}, now[split]
-        if before != after:
-            counts = (f"the same {after['images']} images, other files or labels"
-                      if before.get("images") == after["images"]
-                      else f"{before.get('images')} images {then}, {after['images']} {here}")
-            changes.append(f"{split}: {counts}")
-    return "; ".join(changes)
-
-
 class SyntheticImages(Dataset):
     """Random uint8 images with labels, for throughput runs without a dataset on disk."""
 

@@ -18,7 +18,8 @@ from typing import Callable
 from PIL import Image
 
 from mobilenet.data import prepared
-from mobilenet.data.transforms import crops
+from mobilenet.data.augment import SampleAugment
+from mobilenet.data.transforms import TrainCrop, ValCrop
 from mobilenet.data.datasets import EncodedImage, SyntheticImages, checked, image_folder, read_regular_file
 from mobilenet.device import usable_cores
 from mobilenet.errors import UsageError
@@ -151,6 +152,16 @@ def source_of(path):
     return SOURCES[claimed[0]] if claimed else next(source for source in SOURCES.values() if source.fallback)
 
 
+def crops(data, model, augment):
+    """(train, val) transforms: the train crop at data.train_resolution (auto: model.resolution),
+    with the augment section's policy and random erasing after it (data/augment.py) where given."""
+    train_side = model["resolution"] if data["train_resolution"] == "auto" else data["train_resolution"]
+    train = TrainCrop(train_side, scale=(data["min_scale"], 1.0), hflip=data["hflip"], mode=data["interpolation"])
+    if augment["policy"] != "none" or augment["random_erase"]:
+        train = SampleAugment(train, augment, data["interpolation"])
+    return train, ValCrop(model["resolution"], data["val_resize_ratio"], data["interpolation"])
+
+
 def build_datasets(data, model, augment, decode="workers"):
     """(train, val) datasets for ``data.path``. ``decode``: derived.decode (device: the workers hand
     baseline JPEGs over still encoded)."""
@@ -165,6 +176,29 @@ def train_images(data, limit):
     """The images of data.path's training set, counted up to ``limit`` (a run's length, estimated;
     none without a path: building its datasets says so)."""
     return source_of(data["path"]).train_images(data["path"], data, limit) if data["path"] is not None else 0
+
+
+def choose_decode(setting, device_type, *, workers, card=0, probe=True, per_sample=""):
+    """('workers' or 'device', why) for data.decode ``setting``; ``per_sample``: the augmentation
+    that runs in the workers (augment.per_sample), which only workers take. auto: device on cuda when a probe
+    decodes baseline JPEGs on the process's card to the workers' pixels and faster than its
+    loader's ``workers`` decode them on the host (mobilenet.data.device_decode.decode_choice), else
+    workers: on cpu and npu always (the npu has no batched decode here).
+    ``probe=False`` (the launcher's own check): no probe, no card touched; the training processes
+    decide."""
+    if setting == "device" and per_sample:
+        raise UsageError(f"data.decode=device crops on the device, which takes no {per_sample}; use "
+                         f"data.decode=workers (or auto) with them")
+    if setting != "auto":
+        return setting, f"{setting} (data.decode={setting})"
+    if per_sample:
+        return "workers", f"workers (auto: {per_sample} runs in the loader's workers)"
+    if device_type != "cuda":
+        return "workers", f"workers (auto: decoding on the device is for cuda; this is {device_type})"
+    if not probe:
+        return "workers", "workers (auto: decided by each training process's probe)"
+    from mobilenet.data.device_decode import probe_choice  # imported only where it may run
+    return probe_choice(card, workers)
 
 
 SYNTHETIC_WORKERS = 4  # random images are only collated; more workers only add processes

@@ -156,14 +156,3 @@ class ValCrop:
         top = int(round((pixels.shape[1] - self.size) / 2.0))
         left = int(round((pixels.shape[2] - self.size) / 2.0))
         return pixels[:, top:top + self.size, left:left + self.size]
-
-
-def crops(data, model, augment):
-    """(train, val) transforms: the train crop at data.train_resolution (auto: model.resolution),
-    with the augment section's policy and random erasing after it (data/augment.py) where given."""
-    train_side = model["resolution"] if data["train_resolution"] == "auto" else data["train_resolution"]
-    train = TrainCrop(train_side, scale=(data["min_scale"], 1.0), hflip=data["hflip"], mode=data["interpolation"])
-    if augment["policy"] != "none" or augment["random_erase"]:
-        from mobilenet.data.augment import SampleAugment  # torchvision, only then
-        train = SampleAugment(train, augment, data["interpolation"])
-    return train, ValCrop(model["resolution"], data["val_resize_ratio"], data["interpolation"])

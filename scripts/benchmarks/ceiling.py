@@ -95,7 +95,7 @@ class PlainLoop:
         self.model = self.net
         if case["kind"] == "compiled":
             self.model = torch.compile(self.net, **cfg["derived"]["compile"])
-        train, val = build_datasets(cfg["data"], cfg["model"])
+        train, val = build_datasets(cfg["data"], cfg["model"], cfg["augment"])
         self.loader, _ = build_loaders(train, val, cfg["data"], cfg["seed"], pin_memory=device.type != "cpu",
                                        workers=cfg["derived"]["workers"])
         self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255

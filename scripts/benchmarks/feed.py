@@ -9,6 +9,9 @@ then prepares them at the default settings. For each source:
   cost     one core's milliseconds per image, every image once in one thread: read (the file, or
            the memory map's slice, and the header), decode, crop and resize (with the flip), and
            collation into a batch; also for sets prepared at each of --max-sides
+  augment  one core's milliseconds per image of each augmentation (data/augment.py: every policy
+           row, random erasing at p=1, MixUp/CutMix on a batch) against the folder's decode, crop
+           and flip alone, and the cores that feed 10,000 img/s with each (read and collation too)
   feed     img/s the app's train loader delivers alone, with 0 workers, 1, every usable core, and
            what data.workers auto takes (after each loader's first batch, two epochs)
   training the app's loop (engine.run) from the source, decoded by the loader's workers and on the
@@ -55,10 +58,11 @@ def stored_kb(root):
 
 
 def train_set(root, resolution):
+    from mobilenet.config import DEFAULTS
     from mobilenet.data.sources import build_datasets
-    data = {"path": str(root), "min_scale": 0.08, "hflip": True, "strict": False, "cache_mb": 0,
-            "val_resize_ratio": 0.875}
-    train, _ = build_datasets(data, {"resolution": resolution, "num_classes": len(classes_of(root))})
+    data = {**DEFAULTS["data"], "path": str(root)}
+    train, _ = build_datasets(data, {"resolution": resolution, "num_classes": len(classes_of(root))},
+                              DEFAULTS["augment"])
     return train
 
 
@@ -109,6 +113,67 @@ def stage_costs(dataset, resolution, batch):
     return measure
 
 
+def augment_variants(dataset, batch):
+    """{name: a function returning one core's ms per image}: the crop and flip alone, then with
+    each policy row, with random erasing (every image), and a batch's MixUp or CutMix."""
+    import torch
+
+    from mobilenet.config import DEFAULTS
+    from mobilenet.data.augment import POLICIES, BatchMix, SampleAugment
+    images = [dataset.read(index) for index in range(len(dataset))]
+    crop = dataset.transform
+    rows = {"decode, crop and flip": crop}
+    for name in POLICIES:
+        if name != "none":
+            rows[f"+ {name}"] = SampleAugment(crop, {**DEFAULTS["augment"], "policy": name}, "bilinear")
+    rows["+ random erasing"] = SampleAugment(crop, {**DEFAULTS["augment"], "random_erase": 1.0}, "bilinear")
+
+    def per_image(transform):
+        def measure():
+            start = time.perf_counter()
+            for seed, image in enumerate(images):
+                transform(image, seed)
+            return 1000 * (time.perf_counter() - start) / len(images)
+        return measure
+    variants = {name: per_image(transform) for name, transform in rows.items()}
+    pixels = torch.randn(batch, 3, crop.size, crop.size)
+    for key in ("mixup_alpha", "cutmix_alpha"):
+        mix = BatchMix({"mixup_alpha": 0.0, "cutmix_alpha": 0.0, key: 1.0}, 1000, seed=0)
+
+        def measure(mix=mix):
+            start = time.perf_counter()
+            for step in range(8):
+                mix(pixels, torch.zeros(batch, dtype=torch.long), epoch=0, step=step, virtual_rank=0)
+            return 1000 * (time.perf_counter() - start) / (8 * batch)
+        variants[f"+ {key.split('_')[0]} (on the batch; on the host here)"] = measure
+    return variants
+
+
+def augment_table(args, dataset, folder_ms):
+    """Each augmentation's cost against the crop alone, measured and printed."""
+    import torch
+
+    from benchmarks.harness import interleave, markdown_table
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        costs = interleave(augment_variants(dataset, args.batch_size), args.rounds)
+    finally:
+        torch.set_num_threads(threads)
+    base = "decode, crop and flip"
+    report = {name: {"ms": costs.median(name), "spread": costs.spread(name), "vs_crop": costs.ratio(name, base)}
+              for name in costs.values[0]}
+    def added(name, row):  # a policy's time includes the crop's; a batch's mix adds to it
+        return row["ms"] if "batch" in name else row["ms"] - report[base]["ms"]
+    print(f"\naugmentation, one core, {args.resolution} px ({costs.describe()}):")
+    print(markdown_table(
+        ["variant", "ms per image (median, min-max)", "x the plain crop's time", "cores per 10,000 img/s"],
+        [[name, costs.cell(name, digits=3), costs.ratio_cell(name, base), f"{10 * (folder_ms + added(name, r)):.0f}"]
+         for name, r in report.items()]),
+          flush=True)
+    return report
+
+
 def feed_rate(dataset, batch, workers):
     """A function returning the img/s the app's train loader delivers with ``workers`` workers,
     from its first batch to the end of the second epoch."""
@@ -150,6 +215,7 @@ def main(argv=None):
         main_sources = {name: root for name, root in roots.items() if name in ("folder", "prepared")}
         # each table printed as soon as it is measured: a part cut at its time limit keeps the ones before
         report.update(cost_table(args, sets, roots))
+        report["augment"] = augment_table(args, sets["folder"], sum(report["cost"]["folder"].values()))
         report["feed"] = feed_table(args, sets, main_sources, cores)
         report["training"] = training_table(args, roots, main_sources, overrides)
     write_json(args.json, report)

@@ -33,7 +33,7 @@ def from_memory(args, overrides):
     from mobilenet.state import TrainingState
     cfg = resolve(build(args, overrides))
     device = open_device(cfg["derived"]["device"])
-    train_set, val_set = build_datasets(cfg["data"], cfg["model"])
+    train_set, val_set = build_datasets(cfg["data"], cfg["model"], cfg["augment"])
     state = TrainingState(cfg, device, steps_per_epoch=args.steps)
     loader, _ = build_loaders(train_set, val_set, cfg["data"], cfg["seed"])
     loader.sampler.set_epoch(0)
