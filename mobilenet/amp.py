@@ -1,14 +1,11 @@
 """Mixed precision: Ascend's apex amp (combine_grad=True; amp.backend auto takes it on npu where it
 imports, as ModelZoo trains), else torch's native amp.
 
-Levels: O0 fp32; O1 autocast with fp32 weights; O2 half model except BatchNorm with fp32 master
-weights that the optimizer updates. Loss scaling (O1, O2) is static or dynamic; natively a step
-whose grads are not finite is skipped and counted: inside torch's fused kernel without a host read
-(torch_fused), else after one host read of the check. Under apex, a dynamic scale skips as apex does,
-and at a static scale apex checks nothing (an overflowing step is applied; the run's next loss
-check stops it).
-Both precisions offer the hooks TrainStep calls, in this order: autocast, backward, unscale, step,
-zero_grad.
+Levels: O0 fp32; O1 autocast, fp32 weights; O2 a half model (BatchNorm fp32) with fp32 masters.
+Loss scaling (O1, O2), static or dynamic: a step whose grads are not finite is skipped and counted
+(inside torch's fused kernel, else after one host read); under apex at a static scale nothing is
+checked (the next loss check stops a diverged run). The hooks TrainStep calls, in order: autocast,
+backward, unscale, step, zero_grad.
 """
 import contextlib
 import importlib

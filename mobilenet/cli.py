@@ -1,11 +1,8 @@
-"""train.py's command line: its own flags, the flags of pytorch/examples' imagenet/main.py, of
-Ascend ModelZoo's MobileNetV1 main.py and of torchvision's references/classification/train.py
-(the dialects, below: each flag set to the one setting with
-the meaning it has there, per-node values converted to per process and said in
-derived.command_line, their launcher flags refused with what to run instead, and ModelZoo's own
-way of starting the processes of a job: --distributed, RANK_SIZE and RANK_ID), the data folder as
-a positional argument, and ``key.sub=value`` settings; into a resolved config. A ModelZoo
-checkpoint's continuation on --resume is mobilenet/resume.py's.
+"""train.py's command line into a resolved config: its own flags, the data folder as a positional,
+``key.sub=value`` settings, and the dialects (below: the flags of pytorch/examples' and ModelZoo's
+main.py and of torchvision's references' train.py, each set to the one setting with its meaning
+there, what they became said in derived.command_line, their launcher flags refused with what to
+run instead; ModelZoo's --distributed with RANK_SIZE and RANK_ID).
 
 Layers, later winning: the recipe (--config), then flags, then ``key.sub=value``. A flag and a
 ``key.sub=value`` (or two flags) that set one setting to different values are a UsageError.

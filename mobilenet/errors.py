@@ -1,11 +1,9 @@
 """The app's kinds of failure, their exit codes, and how a command line reports them.
 
-UsageError: the user's input is wrong (a flag, a setting, a file or folder they named); fixing the
-input fixes the run: exit 2. TrainingFailure: the run cannot go on (the loss diverged, the disk is
-full); what was saved before stays valid: exit 1. Both print as one ``error: ...`` line. Anything
-else is a bug (or a failure the app does not know): one line naming the file that holds its
-traceback, exit 1. A run stopped by a signal saves and exits 0; a signal with nothing to save (during
-start-up, or a second Ctrl-C: the watchdog's) ends the process in one line, exit 128 + its number.
+UsageError: the user's input is wrong (exit 2). TrainingFailure: the run cannot go on, what was
+saved stays valid (exit 1). Both are one ``error: ...`` line; anything else is a bug: one line
+naming the file with its traceback, exit 1. A signal with nothing to save ends the process in one
+line, exit 128 + its number (a run stopped by a signal saves and exits 0).
 """
 import contextlib
 import os

@@ -4,14 +4,11 @@ validation batch, a save) for that many seconds ends with one line that names wh
 checkpoints written before stay valid and a resume continues from them. It also ends the process
 at a second stop signal, wherever the main thread is blocked.
 
-torch's own timeouts cannot say this: a collective's timeout fires in every waiting rank alike
-and names no culprit, and a DataLoader without a timeout waits for a stuck worker forever. So each
-process runs daemon threads: one publishes its (step, time) through torch.distributed's store
-every few seconds (the loop itself only writes two numbers: no device sync, no I/O), the other
-checks the time and, on a stall, reads the others' progress (guarded: the store's host may be
-the process that hangs), says what it found and ends the process; one reads the signal wake-up
-pipe, which the C-level handler writes at once (Python's own handlers wait until the main thread
-is back from C, which a stuck collective or a stopped worker may never allow).
+torch's own timeouts name no culprit (a collective's fires in every waiting rank; a DataLoader
+waits for a stuck worker forever). So daemon threads publish this process's (step, time) through
+torch.distributed's store (the loop writes two numbers), check the time and on a stall read the
+others' progress (guarded: the store's host may be the one that hangs), and read the signal
+wake-up pipe, which the C-level handler writes at once (Python's handlers wait for the main thread).
 """
 import contextlib
 import multiprocessing

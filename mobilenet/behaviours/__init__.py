@@ -6,11 +6,9 @@ uses:
   at_log(r, interval)         after each log interval's progress line
   at_epoch_end(r, results)    after an epoch's validation, before its checkpoint is written
 
-``behaviours_for(cfg)`` builds the list from the resolved config alone, so it is the same on
-every rank (the ranks' configs are compared first); a behaviour that talks to the other ranks
-runs on each. Its tests are its own file, tests/test_behaviour_<module>.py, and nothing else
-imports it: a forker removes one by deleting its module, its line below and that test file
-(tests/test_tables.py checks that nothing else imports a behaviour).
+``behaviours_for(cfg)`` builds the list from the resolved config alone: the same on every rank.
+A behaviour's tests are tests/test_behaviour_<module>.py and nothing else imports it
+(tests/test_tables.py checks): delete its module, its line below and that file to remove it.
 """
 from mobilenet.behaviours.advice import Advice
 from mobilenet.behaviours.lost_summary import LostSummary

@@ -1,22 +1,15 @@
 """data.decode=device: JPEGs decoded on the step's device, then cropped, resized and flipped there.
 
-The loader's workers read each file, screen it from its header and draw its crop box and flip from
-the sample's seed exactly as the workers path does (TrainCrop.params, then the flip); baseline
-YCbCr or grayscale JPEGs travel as their bytes, anything else (progressive or CMYK JPEGs, PNGs
-named .JPEG, files that cannot be read) is decoded in the worker as today, with today's warnings.
-The main process decodes each batch's JPEGs with torchvision's decode_jpeg on the device (nvJPEG
-on cuda, its hardware decoder where the GPU has one; libjpeg-turbo on cpu, the same code), in a
-host thread of its own (decode_jpeg blocks its thread until the batch is done), crops and resizes
-each sample with antialiased bilinear on float (CUDA's antialiased resize takes no uint8), rounds
-to uint8 and hands the batch to the prefetcher's normalisation. It decodes whole images (no ROI
-decode) and so never at reduced scale: where the workers path decodes at 1/2, 1/4 or 1/8 the
-pixels differ more (tests/test_device_decode.py states the tolerance in numbers).
-
-torchvision 0.29 (our pin) marks its image decoding deprecated in favour of TorchCodec; decode_jpeg
-still works there and in 0.26 (the GPU machine's), and the warning is silenced here, once.
-Ascend: torchvision_npu's DVPP decodes one image per call in each loader worker and copies it back
-to the host, so it fits the workers path, not this one; a batched DVPP decode
-would take this module's place behind the same DeviceDecoder interface (unbuilt: no card here).
+The loader's workers screen each file from its header and draw its crop box and flip from the
+sample's seed as the workers path does; baseline YCbCr or grayscale JPEGs travel as their bytes,
+anything else is decoded in the worker as before. The main process decodes each batch with
+torchvision's decode_jpeg on the device (nvJPEG on cuda; libjpeg-turbo on cpu, the same code) in
+a host thread of its own, crops and resizes each sample with antialiased bilinear on float (CUDA's
+takes no uint8) and rounds to uint8. Whole images, never at reduced scale: where the workers
+decode at 1/2-1/8 the pixels differ more (tests/test_device_decode.py gives the tolerance).
+torchvision 0.29 marks decode_jpeg deprecated (TorchCodec); it works there and in 0.26, and the
+warning is silenced once. Ascend's DVPP decodes one image per call in a worker: the workers path
+(a batched DVPP decode would go behind DeviceDecoder; unbuilt, no card here).
 """
 import random
 import warnings

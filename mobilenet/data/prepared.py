@@ -1,11 +1,9 @@
-"""A prepared dataset: an ImageFolder (train/ and val/) written once, by scripts/prepare_data.py,
-into a few large files that the loader's workers read by memory map (no file opened per image).
-Each image is re-encoded as a baseline JPEG with 4:2:0 chroma, its longer side at most
-``max_side`` (training) or its shorter side down to ``val_short_side`` (validation), which decodes
-far cheaper than ImageNet's own large, 4:4:4 files. The samples keep the folder's classes,
-labels, names and order, so the app's per-sample seeds draw the same crops (of the smaller image);
-an image the preparation could not read is kept as an entry that the loader reports as it reports
-an unreadable file.
+"""A prepared dataset: an ImageFolder written once (scripts/prepare_data.py) into a few large files
+that the loader's workers read by memory map. Each image is re-encoded as a baseline 4:2:0 JPEG,
+its longer side at most ``max_side`` (train) or its shorter side down to ``val_short_side`` (val):
+far cheaper to decode than ImageNet's own files. The folder's classes, labels, names and order are
+kept (the per-sample seeds draw the same crops); an image it could not read stays an entry that
+the loader reports as unreadable.
 
 DST/prepared.json              what it holds and how it was made; written last, so a DST without it
                                is a preparation that did not finish (it does not train)
@@ -14,13 +12,10 @@ DST/<split>-NNNNN.index.npz    per image: offset and length in the .jpegs (0: un
                                preparation), label; the names (relative to the source split) and
                                the reasons of the unreadable ones, NUL-separated bytes
 
-This module reads one (and checks it: a damaged file of DST is named, with the command that redoes
-it) and writes one (prepare). A preparation that was stopped continues where its whole shards end;
-each shard kept is checked against SRC as it is now (its names and labels) and against its own
-files, so a shard of files SRC no longer holds, or one that is damaged, is written again. A
-finished set is checked the same way: prepared again, only what differs is redone. The re-encoding
-runs in a pool of processes that ignore the stop signals (the main process stops them) and whose
-death is reported, not waited for.
+This module reads one (a damaged file is named with the command that redoes it) and writes one
+(prepare): a stopped or finished preparation goes on where its whole shards end, each shard kept
+checked against SRC as it is now and against its own files (one that differs is written again),
+in a pool of processes that ignore the stop signals and whose death is reported.
 """
 
 import collections

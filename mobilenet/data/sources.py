@@ -1,12 +1,8 @@
-"""Where the data comes from: one table (SOURCES) of the kinds of data.path (synthetic images, the
-bundled digits, a prepared set, and, for any other path, an ImageFolder); the source that claims
-a path gives its datasets, the images it trains on counted (train.compile auto), the bytes of an
-image decoded (data.workers auto), the recipe train.py starts from without --config and the
-settings it takes. Every dataset gives its own data record (record_lines) and its length, over
-which the resumable shuffle runs. Adding a source is a row of SOURCES (a Source: what it
-claims, its datasets, counts, recipe, settings and example) and, where its images are a new kind,
-a dataset class with ``record_lines()``, ``__len__``, ``classes`` and ``unreadable`` (a flag per
-file found unreadable; empty without files), as ImageSamples and SyntheticImages have."""
+"""Where the data comes from: the table of the kinds of data.path (SOURCES: synthetic images, the
+bundled digits, a prepared set, else an ImageFolder), each giving its datasets, counts, recipe and
+the settings it takes; the crops a config asks for; data.workers and data.decode auto. A new kind
+of image needs a dataset class with ``record_lines()``, ``__len__``, ``classes`` and
+``unreadable`` (a flag per file found unreadable), as ImageSamples and SyntheticImages have."""
 import itertools
 import os
 import shutil
