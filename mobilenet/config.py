@@ -386,20 +386,13 @@ def thaw(value):
 
 
 def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
-    """The run's read-only config: ``cfg``'s settings plus ``derived``, computed here once.
-
-    derived: device (npu|cuda|cpu), world_size, global_batch, lr (optim.lr, scaled to the global
-    batch when optim.lr_scale_batch > 0), channels_last, optimizer_implementation (the one that runs,
-    a key of optim.IMPLEMENTATIONS: loop|foreach|torch_fused|npu_fused|apex_npu_fused|plain) and
-    optimizer_class (what it is, for the log and summary), amp_backend (none|native|apex), workers
-    (data.workers, auto resolved), decode and decode_why (workers|device), compile (torch.compile's
-    backend and mode, or None) and compile_why,
-    not_taken (the settings the chosen rows of the four tables do not take: settings_not_taken).
-    ``output`` defaults to
-    runs/<name>-<optim.impl>. ``world`` defaults to the torchrun environment. ``command_line``:
-    what the flags of other scripts' dialects became (mobilenet.cli), kept for the log. ``probe``:
-    whether a choice may measure the process's card (data.decode auto; not in the launcher's check).
-    """
+    """The run's read-only config: ``cfg``'s settings plus ``derived``, computed here once: device,
+    world_size, grad_accum_steps, global_batch, lr (scaled under optim.lr_scale_batch),
+    channels_last, optimizer_implementation (a key of optim.IMPLEMENTATIONS) and optimizer_class,
+    amp_backend, workers, decode and compile (each with why), not_taken (settings_not_taken) and
+    command_line (what the dialects' flags became, from mobilenet.cli). ``output`` defaults to
+    runs/<name>-<optim.impl>; ``world`` to the torchrun environment; ``probe``: whether a choice may
+    measure the process's card (data.decode auto; not in the launcher's check)."""
     from mobilenet.amp import choose_backend
     from mobilenet.data.sources import auto_workers, choose_decode
     from mobilenet.device import choose_compile

@@ -1,11 +1,10 @@
 """The run: builds everything from the resolved config, trains the epochs, validates, writes the run.
 
-The core's way: ``run`` (the device and the world, the run directory, ``build_run``, every process
-checked against rank 0, the resume), then ``fit``: epochs of ``train_one_epoch`` (the steps, the
-progress line at each log interval) and ``end_epoch`` (validation, the checkpoint) until the run
-is finished, and its summary. Whether and how a checkpoint is resumed is mobilenet/resume.py's (two
-calls). The behaviours a run can do without are entered at three named points (mobilenet/behaviours,
-``enter``): the start, each log interval, each epoch's end.
+``run`` (the device and the world, the run directory, ``build_run``, every process checked
+against rank 0, the resume: mobilenet/resume.py's two calls), then ``fit``: epochs of
+``train_one_epoch`` and ``end_epoch`` (validation, the checkpoint), and the summary. The
+behaviours are entered at three named points (``enter``): the start, each log interval, each
+epoch's end.
 """
 import math
 import signal

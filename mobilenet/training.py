@@ -35,16 +35,12 @@ def no_phase(name):
 
 class TrainStep:
     """``loss = step(images, labels)``: forward, loss, backward, unscale, optimizer step, zero_grad
-    and the EMA update, in one call, for the loop to call and for a device graph to capture.
-
-    Owns the network (``net`` bare; ``wrapped``, the one the step calls: DDP-wrapped in distributed
-    runs, compiled under train.compile), the optimizer (``implementation``: loop|foreach|torch_fused|npu_fused|
-    apex_npu_fused|plain, as resolved), the precision (amp level, loss scaling, O2 masters) and the EMA.
-    The step reads nothing back to the host, except the loss scaler's overflow check for
-    optimizers without a device-side skip (documented there). ``phase``: a function name ->
-    context manager that wraps each phase (timing and op counts in mobilenet.measure); a no-op by
-    default. ``device``, ``channels_last`` and ``decode_on_device``: the input it takes (``batches``).
-    """
+    and the EMA update in one call, for the loop to call and a device graph to capture. Owns the
+    network (``net`` bare; ``wrapped``, the one the step calls: DDP, compiled), the optimizer (its
+    ``implementation``, as resolved), the precision and the EMA; it reads nothing back to the host
+    but the loss scaler's documented check. ``phase``: a function name -> context manager around
+    each phase (mobilenet.measure's timing and op counts). ``device``, ``channels_last`` and
+    ``decode_on_device``: the input it takes (``batches``)."""
 
     def __init__(self, *, net, wrapped, optimizer, precision, criterion, implementation, ema=None, compiled=False,
                  device=None, channels_last=False, decode_on_device=False, mix=None, clip_grad_norm=0.0):

@@ -34,11 +34,9 @@ class Watchdog:
     file is written). Off when ``timeout`` is 0; the timer starts at the first beat (so start-up
     and compiling steps, which do not beat, are not timed).
 
-    A stopped process (SIGSTOP, Ctrl-Z, Slurm's suspend, a frozen container) is not a stalled one:
-    while it is stopped the checking thread sleeps too, and it wakes far past its time when the
-    process goes on; the timer then starts again. So does a rank that waits for a peer that makes
-    progress (an uneven validation). The threads never raise: whatever fails in them is said in the
-    line, or ignored where the run can go on without it."""
+    A stopped process (SIGSTOP, Ctrl-Z, Slurm's suspend) is not a stalled one: its checking thread
+    wakes far past its time and starts the timer again, as for a rank that waits for a peer that
+    makes progress. The threads never raise: what fails in them is said, or ignored."""
 
     def __init__(self, timeout, world, data_path, checkpoints):
         self.timeout, self.world = timeout, world

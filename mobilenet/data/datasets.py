@@ -44,17 +44,13 @@ def read_regular_file(path):
 
 
 class ImageSamples(Dataset):
-    """Samples of encoded images with labels (``samples``: [(path, label)], ``targets``,
-    ``classes``), whose ``open(index)`` gives an EncodedImage; the transform decodes it to RGB (CMYK
-    and grayscale JPEGs, PNGs named .JPEG) with the sample's augmentation seed (from its key).
-
-    An image that cannot be read or decoded, for whatever reason (truncated or foreign data, a
-    decoder's limit such as PIL's decompression-bomb guard, a FIFO, permissions), gets one warning
-    naming it, once however often it is drawn, and is remembered in ``unreadable`` (shared with the
-    loader's workers). Training draws the next readable one in its place (batches stay full); with
-    ``leave_out`` (validation: the image shape) it yields a blank image labelled -1, which accuracy
-    leaves out of its counts. ``strict``: a UsageError at the first such image. ``cache_mb``: the
-    first images that fit, decoded once and kept."""
+    """Encoded images with labels (``samples``: [(path, label)], ``targets``, ``classes``); ``open``
+    gives an EncodedImage, which the transform decodes to RGB with the sample's seed. An image that
+    cannot be read or decoded, for whatever reason, gets one warning naming it and is remembered in
+    ``unreadable`` (shared with the workers): training draws the next readable one in its place;
+    with ``leave_out`` (validation: the image shape) it is a blank image labelled -1, which accuracy
+    leaves out. ``strict``: a UsageError at the first. ``cache_mb``: the first images that fit,
+    decoded once and kept."""
 
     def ready(self, transform, strict=False, leave_out=None, cache_mb=0):
         """Called by a subclass once its samples are known."""
@@ -343,17 +339,13 @@ def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=Fa
 
 class ResumableSampler(Sampler):
     """DistributedSampler's seeded per-epoch shuffle and interleaved shard (drop_last), as virtual
-    ranks: a run of ``world`` processes that accumulate ``accumulation`` forwards of ``batch`` per
-    optimizer step splits each global batch as ``world x accumulation`` ranks would, forward m of
-    this process holding what rank ``rank x accumulation + m`` holds (so one process accumulating 2
-    forwards trains what 2 processes train, forward by forward). It can start at any global step
-    of the epoch (``set_epoch``), on any number of processes that keeps the global batch, and
-    yields (index, seed): each sample's augmentation depends only on the seed, the epoch, its index
-    and its copy, so a resumed run sees exactly the images an uninterrupted one would.
-    ``reps`` > 1: repeated augmentation, as the references' RASampler deals it: each image of the
-    shuffled order ``reps`` times in a row (so on consecutive virtual ranks, each copy with a seed
-    of its own), the order cut to the epoch's length (RASampler also cuts an epoch to a multiple of
-    256 images per rank; this one to its global batches)."""
+    ranks: forward m of process ``rank`` holds what rank ``rank x accumulation + m`` of ``world x
+    accumulation`` ranks would (one process accumulating 2 forwards trains what 2 processes train).
+    It starts at any global step (``set_epoch``) and yields (index, seed): an image's augmentation
+    depends only on the seed, the epoch, the image and its copy. ``reps`` > 1: repeated
+    augmentation, as the references' RASampler deals it: each image of the order ``reps`` times in
+    a row, so on consecutive virtual ranks, each copy with its own seed; the order cut to the
+    epoch's length (RASampler cuts it to 256 images per rank; this one to whole global batches)."""
 
     def __init__(self, length, rank=0, world=1, seed=0, batch=1, accumulation=1, reps=1):
         self.length, self.seed, self.batch, self.reps = length, seed, batch, reps
