@@ -415,6 +415,7 @@ TORCHVISION_REFUSED = {
                                      "(--norm-weight-decay, --bias-weight-decay)",
 }
 SWITCH_FLAGS = SWITCHES | {"--ra-sampler", "--model-ema", "--cache-dataset", "--use-v2"}
+NUMBERS = {"--val-resize-size": int, "--ra-reps": int, "--model-ema-steps": int, "--model-ema-decay": float}
 
 
 def add_torchvision_flags(p):
@@ -430,7 +431,7 @@ def add_torchvision_flags(p):
         if flag in SWITCH_FLAGS:
             g.add_argument(flag, action="store_true", default=None, dest=dest(flag), help=meaning)
         else:
-            g.add_argument(flag, dest=dest(flag), metavar="X", help=meaning)
+            g.add_argument(flag, dest=dest(flag), metavar="X", help=meaning, type=NUMBERS.get(flag, str))
     for flag, guidance in TORCHVISION_REFUSED.items():
         g.add_argument(flag, nargs=1, metavar="X", action=refusal(guidance), help=f"refused: {guidance}")
 
@@ -464,12 +465,14 @@ def torchvision_settings(args, add):
     if given("--lr-scheduler") is not None:
         add(f"--lr-scheduler {given('--lr-scheduler')}", scheduler_settings(given("--lr-scheduler"), args))
     if given("--val-resize-size") is not None:
-        crop, size = int(given("--val-crop-size") or 224), int(given("--val-resize-size"))
+        crop, size = number_or_text(given("--val-crop-size") or 224), given("--val-resize-size")
+        if not isinstance(crop, int) or not crop >= 1 or size < 1:
+            raise UsageError(f"--val-resize-size {size} --val-crop-size {crop}: give two sizes of 1 pixel or more")
         add(f"--val-resize-size {size}", {"data.val_resize_ratio": crop / size},
             f"--val-resize-size {size} = data.val_resize_ratio {crop}/{size} (a {crop} crop of the image resized "
             f"to {size})")
     if given("--ra-sampler"):
-        add("--ra-sampler", {"augment.ra_reps": int(given("--ra-reps") or 3)})
+        add("--ra-sampler", {"augment.ra_reps": 3 if given("--ra-reps") is None else given("--ra-reps")})
     if given("--model-ema"):
         add("--model-ema", ema_settings(args))
     for flag, needs in (("--ra-reps", "--ra-sampler"), ("--model-ema-steps", "--model-ema"),
@@ -516,8 +519,11 @@ def scheduler_settings(name, args):
 def ema_settings(args):
     """--model-ema: train.py's decay for its steps (adjusted to the processes, the batch, the steps
     between updates and the epochs) and its steps."""
-    steps = int(getattr(args, dest("--model-ema-steps")) or 32)
-    decay = float(getattr(args, dest("--model-ema-decay")) or 0.99998)
+    steps, decay = (getattr(args, dest(flag)) for flag in ("--model-ema-steps", "--model-ema-decay"))
+    steps, decay = 32 if steps is None else steps, 0.99998 if decay is None else decay
+    if steps < 1 or not 0 <= decay < 1:
+        raise UsageError(f"--model-ema-steps {steps} --model-ema-decay {decay:g}: give at least 1 step and a "
+                         f"decay in [0, 1)")
     processes, batch = int(os.environ.get("WORLD_SIZE", 1)), args.batch_size or 32
     alpha = min(1.0, (1.0 - decay) * processes * batch * steps / (args.epochs or 90))
     return {"train.ema_decay": 1.0 - alpha, "train.ema_steps": steps}

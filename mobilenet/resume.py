@@ -181,6 +181,12 @@ def check_resumable(state, checkpoint, path):
                          f"epoch's start with train.resume_next_epoch=true, leave train.grad_accum_steps and "
                          f"data.global_batch at auto to keep the checkpoint's, or resume from a checkpoint written "
                          f"at an epoch's end")
+    reps = ((checkpoint.get("config") or {}).get("augment") or {}).get("ra_reps", 1)
+    if epoch_step and reps != cfg["augment"]["ra_reps"] and not skips_the_epochs_rest(cfg, checkpoint):
+        raise UsageError(f"{path}: stopped mid-epoch (epoch {epoch}, batch {epoch_step}) with augment.ra_reps={reps}; "
+                         f"this run's {cfg['augment']['ra_reps']} deals the epoch in another order; keep "
+                         f"augment.ra_reps={reps}, or go on from the next epoch's start with "
+                         f"train.resume_next_epoch=true")
     changed = data_changes(checkpoint.get("data"), state.records["data"])
     if epoch_step and changed and "train:" in changed and not cfg["train"]["resume_next_epoch"]:
         raise UsageError(f"{path}: stopped mid-epoch (epoch {epoch}, batch {epoch_step}) on "

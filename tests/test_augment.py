@@ -135,3 +135,15 @@ def test_what_a_row_or_a_source_does_not_take_is_said():
         "augment.policy=imagenet: synthetic does not take it (it takes data.synthetic_size); ignored",
         "augment.ra_magnitude=5: augment.policy=imagenet does not take it (it takes none of augment.ra_magnitude, "
         "augment.augmix_severity); ignored"]
+
+
+def test_a_mid_epoch_resume_with_other_repetitions_is_one_line(tmp_path, capsys):
+    """augment.ra_reps deals the epoch's images: another value mid-epoch is refused, naming the way on."""
+    demo(tmp_path, "run", "augment.ra_reps=2", "train.max_steps=1")
+    capsys.readouterr()
+    args = ["--config", "configs/demo.yaml", *TINY, "data.cache_mb=0", "train.max_steps_per_epoch=2", "--epochs", "1",
+            "--data", "digits", "augment.ra_reps=3", "--output", str(tmp_path / "run"), "--resume", "auto"]
+    assert train.main(args) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "with augment.ra_reps=2; this run's 3 deals the epoch in another order" in error[0]
+    assert train.main([*args, "train.resume_next_epoch=true"]) == 0

@@ -147,3 +147,16 @@ def test_clip_grad_norm_bounds_the_update():
         return (torch.cat([p.detach().flatten() for p in step.optimizer_params()]) - before).norm().item()
     assert update("train.clip_grad_norm=0.001") == pytest.approx(0.001, rel=1e-3)
     assert update() > 0.01
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--val-resize-size", "0"], "--val-resize-size 0 --val-crop-size 224: give two sizes of 1 pixel or more"),
+    (["--val-resize-size", "big"], "argument --val-resize-size: invalid int value: 'big'"),
+    (["--model-ema", "--model-ema-steps", "0"], "--model-ema-steps 0 --model-ema-decay 0.99998: give at least 1"),
+    (["--ra-sampler", "--ra-reps", "0"], "'augment.ra_reps' must be at least 1, got 0"),
+])
+def test_bad_values_of_its_flags_are_one_line(argv, fragment, capsys):
+    import train
+    assert train.main(["--data-path", "digits", *argv]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and fragment in error[0], error
