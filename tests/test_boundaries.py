@@ -21,7 +21,7 @@ TINY_RUN = {"data.path": "synthetic", "data.synthetic_size": 16, "data.batch_siz
             "model.num_classes": 4, "train.epochs": 1, "train.max_steps": 1, "train.log_every": 1}
 # A huge value would allocate it (memory) or start that many processes.
 NO_HUGE = {"model.width_mult", "model.num_classes", "model.resolution", "data.batch_size",
-           "data.val_batch_size", "data.workers", "data.synthetic_size"}
+           "data.val_batch_size", "data.workers", "data.synthetic_size", "data.train_resolution"}
 ODD = ["", "null", "~", ".nan", ".inf", "-.inf", "[1]", "{a: 1}", "x", "true"]
 VALID, INVALID, EITHER = "trains", "refused", "either"
 # Valid values this machine cannot run, refused in one line all the same (no such device here,

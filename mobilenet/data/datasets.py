@@ -360,7 +360,7 @@ class ResumableSampler(Sampler):
 
     def __iter__(self):
         order = torch.randperm(self.length, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        order = order.repeat_interleave(self.reps)[:self.length // self.ranks * self.ranks]
+        order = order[torch.arange(self.length // self.ranks * self.ranks) // self.reps]  # each reps times in a row
         shares = {v: order[v::self.ranks].tolist() for v in self.virtual}
         base, b, reps, ranks = (self.seed * 1_000_003 + self.epoch) * self.length * self.reps, self.batch, self.reps, self.ranks
         return ((index, base + index * reps + (v + (step * b + k) * ranks) % reps)  # the copy's own seed
