@@ -147,3 +147,13 @@ def test_a_mid_epoch_resume_with_other_repetitions_is_one_line(tmp_path, capsys)
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "with augment.ra_reps=2; this run's 3 deals the epoch in another order" in error[0]
     assert train.main([*args, "train.resume_next_epoch=true"]) == 0
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic", "nearest"])
+def test_each_interpolation_resizes_as_torchvisions_v2_resize(mode):
+    from torchvision.transforms.v2 import InterpolationMode, functional
+
+    from mobilenet.data.transforms import resize
+    pixels = torch.randint(0, 256, (3, 37, 53), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    theirs = functional.resize(pixels, [20, 24], interpolation=InterpolationMode(mode), antialias=True)
+    assert torch.equal(resize(pixels, 20, 24, mode), theirs)

@@ -87,7 +87,7 @@ def resize(pixels, height, width, mode="bilinear"):
     """uint8 CHW -> height x width, antialiased bilinear or bicubic, or nearest (torch's uint8
     kernels, as torchvision's v2 resize uses them, without its per-call dispatch)."""
     if mode == "nearest":
-        return F.interpolate(pixels[None], size=(height, width), mode="nearest-exact")[0]
+        return F.interpolate(pixels[None], size=(height, width), mode="nearest")[0]
     return F.interpolate(pixels[None], size=(height, width), mode=mode, antialias=True, align_corners=False)[0]
 
 
