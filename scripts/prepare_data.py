@@ -30,8 +30,9 @@ def main(argv=None):
         if not low <= value <= high:
             print(f"error: {name} {value}: give {low} to {high}", file=sys.stderr)
             return 2
-    for stop in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: the shards written so far stay
-        signal.signal(stop, interrupt)
+    from mobilenet.errors import stop_signals
+    for stop in stop_signals():  # train.py's: SIGINT too where a shell's background job ignored it,
+        signal.signal(stop, interrupt)  # SIGHUP not under nohup; the shards written so far stay
     try:
         return prepare(args)
     except KeyboardInterrupt as e:
