@@ -392,7 +392,6 @@ TORCHVISION = {"--data-path": "data.path", "--output-dir": "output", "--lr-step-
                "--val-crop-size": "model.resolution", "--norm-weight-decay": "optim.norm_weight_decay",
                "--bias-weight-decay": "optim.bias_weight_decay", "--clip-grad-norm": "train.clip_grad_norm",
                "--sync-bn": "model.sync_bn", "--use-deterministic-algorithms": "train.deterministic"}
-SWITCHES = {"--sync-bn", "--use-deterministic-algorithms"}
 # Its flags that set more than one setting, or none: what each does here (torchvision_settings).
 TORCHVISION_OWN = {
     "--model": "model.name (a torchvision classifier, or mobilenet_v1)",
@@ -414,7 +413,7 @@ TORCHVISION_REFUSED = {
     "--transformer-embedding-decay": "this app splits the weight decay for norm layers and biases only "
                                      "(--norm-weight-decay, --bias-weight-decay)",
 }
-SWITCH_FLAGS = SWITCHES | {"--ra-sampler", "--model-ema", "--cache-dataset", "--use-v2"}
+SWITCHES = {"--sync-bn", "--use-deterministic-algorithms", "--ra-sampler", "--model-ema", "--cache-dataset", "--use-v2"}
 NUMBERS = {"--val-resize-size": int, "--ra-reps": int, "--model-ema-steps": int, "--model-ema-decay": float}
 
 
@@ -422,13 +421,8 @@ def add_torchvision_flags(p):
     g = p.add_argument_group("flags of torchvision's references/classification/train.py",
                              "Each as it is there; -b/--batch-size and -j/--workers are per process under them. "
                              "Without --config its defaults are configs/torchvision.yaml.")
-    for flag, setting in TORCHVISION.items():
+    for flag, meaning in {**TORCHVISION, **TORCHVISION_OWN}.items():
         if flag in SWITCHES:
-            g.add_argument(flag, action="store_true", default=None, dest=dest(flag), help=setting)
-        else:
-            g.add_argument(flag, dest=dest(flag), metavar="X", help=setting)
-    for flag, meaning in TORCHVISION_OWN.items():
-        if flag in SWITCH_FLAGS:
             g.add_argument(flag, action="store_true", default=None, dest=dest(flag), help=meaning)
         else:
             g.add_argument(flag, dest=dest(flag), metavar="X", help=meaning, type=NUMBERS.get(flag, str))
