@@ -462,8 +462,7 @@ def settings_not_taken(cfg):
 
 def flat(cfg, dotted):
     """The setting ``dotted`` ('data.hflip') of ``cfg``."""
-    section, key = dotted.split(".")
-    return cfg[section][key]
+    return parent_of(cfg, dotted, dotted)[dotted.rsplit(".", 1)[-1]]
 
 
 def batches(cfg, processes, global_batch=None):

@@ -49,7 +49,8 @@ class TrainingState:
     def train_on(self, batches, after_each=lambda: None):
         """One optimizer step over ``batches`` (this rank's virtual ranks' forwards) and the
         schedule's; returns the loss (on the device)."""
-        loss = self.step.accumulated(batches, after_each, at=(self.epoch, self.epoch_step, self.rank * len(batches)),
+        loss = self.step.accumulated(batches, after_each, epoch=self.epoch, step=self.epoch_step,
+                                     first_rank=self.rank * len(batches),
                                      ema_due=self.epoch_step % self.cfg["train"]["ema_steps"] == 0)
         self.step_schedule()
         self.epoch_step += 1

@@ -55,18 +55,18 @@ class TrainStep:
     def __call__(self, images, labels):
         return self.accumulated([(images, labels)])
 
-    def accumulated(self, batches, after_each=lambda: None, *, at=(0, 0, 0), ema_due=True):
+    def accumulated(self, batches, after_each=lambda: None, *, epoch=0, step=0, first_rank=0, ema_due=True):
         """One optimizer step over the forwards of ``batches`` (train.grad_accum_steps of them): each
         one's loss divided by their number and its grads added, DDP's all-reduce at the last alone,
         then one unscale and finite check, the grads' norm clipped, one step, one zero_grad, the EMA
         update where ``ema_due``; ``after_each()`` after each forward and backward (the watchdog's
-        beat). ``at``: (epoch, step, the first forward's virtual rank), whose batch mixes draw from.
-        Returns the step's loss (the mean)."""
+        beat). ``epoch``, ``step`` and ``first_rank`` (the first forward's virtual rank): what the
+        batch mixes draw from. Returns the step's loss (the mean)."""
         phase, precision, optimizer = self.phase, self.precision, self.optimizer
         total = None
         for position, (images, labels) in enumerate(batches):
             if self.mix is not None:
-                images, labels = self.mix(images, labels, epoch=at[0], step=at[1], virtual_rank=at[2] + position)
+                images, labels = self.mix(images, labels, epoch=epoch, step=step, virtual_rank=first_rank + position)
             with self.without_sync(last=position == len(batches) - 1):
                 with phase("forward"), precision.autocast():
                     logits = self.wrapped(images)

@@ -8,6 +8,7 @@ batch's mix from (seed, epoch, step, virtual rank). A run stopped mid-epoch and 
 another number of processes with the same global batch, draws what the straight run draws.
 torchvision is imported only where a row needs it (it costs each process about 1.4 s).
 """
+import contextlib
 import hashlib
 from dataclasses import dataclass
 from typing import Callable
@@ -70,8 +71,7 @@ class SampleAugment:
 
     def __call__(self, image, seed):
         pixels = self.crop(image, seed)
-        with torch.random.fork_rng(devices=()):
-            torch.manual_seed(seed % 2**64)
+        with drawn_from(seed):
             for transform in self.transforms:
                 pixels = transform(pixels)
         return pixels
@@ -89,9 +89,16 @@ class BatchMix:
 
     def __call__(self, images, labels, *, epoch, step, virtual_rank):
         draw = hashlib.sha256(f"mix {self.seed} {epoch} {step} {virtual_rank}".encode()).digest()[:8]
-        with torch.random.fork_rng(devices=()):
-            torch.manual_seed(int.from_bytes(draw, "little"))
+        with drawn_from(int.from_bytes(draw, "little")):
             return self.mix(images, labels)
+
+
+@contextlib.contextmanager
+def drawn_from(seed):
+    """torch's (cpu) generator seeded with ``seed`` inside, and as it was after: no other draw moves."""
+    with torch.random.fork_rng(devices=()):
+        torch.manual_seed(seed % 2**64)
+        yield
 
 
 def build_batch_mix(augment, num_classes, seed):
