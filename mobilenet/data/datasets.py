@@ -362,8 +362,10 @@ class ResumableSampler(Sampler):
         order = torch.randperm(self.length, generator=torch.Generator().manual_seed(self.seed + self.epoch))
         order = order[torch.arange(self.length // self.ranks * self.ranks) // self.reps]  # each reps times in a row
         shares = {v: order[v::self.ranks].tolist() for v in self.virtual}
-        base, b, reps, ranks = (self.seed * 1_000_003 + self.epoch) * self.length * self.reps, self.batch, self.reps, self.ranks
-        return ((index, base + index * reps + (v + (step * b + k) * ranks) % reps)  # the copy's own seed
+        b, reps = self.batch, self.reps
+        base = (self.seed * 1_000_003 + self.epoch) * self.length * reps
+        # the k-th image of rank v's batch sits at v + (step x b + k) x ranks of the order: its copy
+        return ((index, base + index * reps + (v + (step * b + k) * self.ranks) % reps)
                 for step in range(self.start, self.steps) for v in self.virtual
                 for k, index in enumerate(shares[v][step * b:(step + 1) * b]))
 
