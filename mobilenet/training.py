@@ -1,10 +1,5 @@
-"""The training step and what it owns, wired once from a resolved config (``build_train_step``).
-
-``loss = step(images, labels)`` is the unit a device graph captures; ``step.batches(loader)`` gives
-it its input on the device. The run's position, the schedule and the checkpoint are
-mobilenet/state.py's; the benchmarks that measure the app build through that too (the ceiling
-benchmark's plain loops build their own, on purpose: they are what the app is measured against).
-"""
+"""The training step and what it owns, built once from a resolved config (``build_train_step``),
+and its input on the device (``DevicePrefetcher``)."""
 import contextlib
 import copy
 import functools
@@ -25,7 +20,6 @@ from mobilenet.model import build_model, load_weights
 from mobilenet.data.augment import build_batch_mix
 from mobilenet.optim import IMPLEMENTATIONS, build_optimizer, hold_lr_in_tensors, hyperparameters, parameter_decays
 
-
 NO_PHASE = contextlib.nullcontext()
 
 
@@ -35,12 +29,9 @@ def no_phase(name):
 
 class TrainStep:
     """``loss = step(images, labels)``: forward, loss, backward, unscale, optimizer step, zero_grad
-    and the EMA update in one call, for the loop to call and a device graph to capture. Owns the
-    network (``net`` bare; ``wrapped``, the one the step calls: DDP, compiled), the optimizer (its
-    ``implementation``, as resolved), the precision and the EMA; it reads nothing back to the host
-    but the loss scaler's documented check. ``phase``: a function name -> context manager around
-    each phase (mobilenet.measure's timing and op counts). ``device``, ``channels_last`` and
-    ``decode_on_device``: the input it takes (``batches``)."""
+    and the EMA update in one call, reading nothing back to the host but the loss scaler's check.
+    ``net`` is the bare network, ``wrapped`` the one called (DDP, compiled); ``phase``: name ->
+    context manager around each phase (mobilenet.measure)."""
 
     def __init__(self, *, net, wrapped, optimizer, precision, criterion, implementation, ema=None, compiled=False,
                  device=None, channels_last=False, decode_on_device=False, mix=None, clip_grad_norm=0.0):
@@ -56,12 +47,10 @@ class TrainStep:
         return self.accumulated([(images, labels)])
 
     def accumulated(self, batches, after_each=lambda: None, *, epoch=0, step=0, first_rank=0, ema_due=True):
-        """One optimizer step over the forwards of ``batches`` (train.grad_accum_steps of them): each
-        one's loss divided by their number and its grads added, DDP's all-reduce at the last alone,
-        then one unscale and finite check, the grads' norm clipped, one step, one zero_grad, the EMA
-        update where ``ema_due``; ``after_each()`` after each forward and backward (the watchdog's
-        beat). ``epoch``, ``step`` and ``first_rank`` (the first forward's virtual rank): what the
-        batch mixes draw from. Returns the step's loss (the mean)."""
+        """One optimizer step over the forwards of ``batches``, each loss divided by their number,
+        DDP's all-reduce at the last alone; then one unscale, clip, step and zero_grad, and the EMA
+        where ``ema_due``. ``epoch``, ``step`` and ``first_rank`` (the first forward's virtual rank)
+        seed the batch mix. Returns the mean loss."""
         phase, precision, optimizer = self.phase, self.precision, self.optimizer
         total = None
         for position, (images, labels) in enumerate(batches):
@@ -91,8 +80,8 @@ class TrainStep:
         return total
 
     def without_sync(self, last):
-        """DDP's no_sync() for a forward whose grads the next ones add to (not the ``last``), where
-        the precision leaves them in the model's grads (apex moves them: each forward all-reduces)."""
+        """DDP's no_sync() but for the ``last`` forward, where the grads stay in the model's (apex
+        moves them: each forward all-reduces)."""
         no_sync = getattr(self.wrapped, "no_sync", None)
         if last or no_sync is None or not self.precision.grads_stay_in_the_model:
             return contextlib.nullcontext()
@@ -112,11 +101,9 @@ class TrainStep:
                     module.eval()
 
     def sync_buffers(self):
-        """Rank 0's BatchNorm statistics (the network's and the EMA's) on every rank, so that every
-        rank validates the model that rank 0 saves. Rank 0's, not an average: DDP broadcasts rank
-        0's buffers at each training forward already, so only the last step's batch differs, and
-        the EMA's average of them stays a function of rank 0's history, which a checkpoint holds
-        (a mid-epoch resume stays exact)."""
+        """Rank 0's BatchNorm statistics (the network's and the EMA's) on every rank, which then
+        validates what rank 0 saves. Not an average: DDP broadcasts rank 0's buffers each forward,
+        and the EMA's stay a function of rank 0's history, which a checkpoint holds."""
         broadcast_from_rank0([*self.net.buffers(), *(self.ema.module.buffers() if self.ema else ())])
 
     def eval_nets(self):
@@ -155,8 +142,7 @@ def build_train_step(cfg, device):
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     layout = torch.channels_last if derived["channels_last"] else torch.contiguous_format
     net = net.to(device, memory_format=layout)
-    # every rank starts from rank 0's weights before anything is cloned from them (the O2 masters,
-    # the EMA): DDP's own broadcast at the wrap reaches only the module
+    # rank 0's weights before the O2 masters and the EMA clone them (DDP's wrap reaches the module alone)
     broadcast_from_rank0(net.state_dict().values())
     precision = build_precision(cfg["amp"], backend=derived["amp_backend"], device=device, net=net,
                                 skip_on_device=IMPLEMENTATIONS[implementation].skip_on_device)
@@ -182,12 +168,9 @@ def build_train_step(cfg, device):
 
 
 class WeightEMA:
-    """``module``: the averaged copy of ``net`` (to evaluate). ``update()`` after each optimizer
-    step: the first copies ``net``, later ones move each tensor by (1 - decay) towards ``net``'s.
-
-    The lists hold ``net``'s Parameter and buffer objects, not views of their storage: an
-    optimizer that moves parameters into combined buffers at its first step (torch_npu's NpuFused*)
-    re-points ``param.data`` and the lists follow (unrun on npu)."""
+    """``module``: the averaged copy of ``net``. ``update()``: the first copies ``net``, later ones
+    lerp each tensor by (1 - decay). The lists hold the Parameter objects, not their storage, so
+    they follow NpuFused*'s move into combined buffers (unrun on npu)."""
 
     def __init__(self, net, decay):
         self.module = copy.deepcopy(net).eval().requires_grad_(False)
@@ -228,21 +211,18 @@ def tensors_of(net):
 
 @functools.lru_cache(maxsize=None)
 def copy_stream(device):
-    """One side stream per device for the whole run: a prefetcher is made per epoch, and torch_npu
-    documents leaked memory when streams are created over and over."""
+    """One side stream per device for the run: torch_npu leaks memory on streams made each epoch."""
     return getattr(torch, device.type).Stream(device)
 
 
 class DevicePrefetcher:
-    """Iterates a loader of uint8 batches, copying the next batch to the device and normalising it
-    there (float, (x/255 - mean)/std, optional channels_last) while the current one trains: on a
-    side stream on cuda and npu, so that the copy overlaps the compute; in order on cpu.
-    ``decode_on_device``: the loader's batches hold JPEGs still encoded (data.decode=device),
-    decoded and cropped on the device first (mobilenet.data.device_decode)."""
+    """A loader's uint8 batches on the device, normalised there in the step's layout and dtype; the
+    next one's copy on a side stream (cuda, npu) while the current one trains. ``decode_on_device``:
+    the batches hold JPEGs, decoded and cropped there first (mobilenet.data.device_decode)."""
 
     def __init__(self, loader, device, channels_last=False, dtype=torch.float32, decode_on_device=False):
         self.loader, self.device = loader, device
-        self.decoder = None  # data.decode=device: the loader's batches are EncodedBatches
+        self.decoder = None
         if decode_on_device:
             from mobilenet.data.device_decode import DeviceDecoder  # imported only then
             crop = loader.dataset.transform.crop  # a ScreenedCrop's TrainCrop or ValCrop
@@ -260,9 +240,8 @@ class DevicePrefetcher:
         return len(self.loader)
 
     def _to_device(self, batch):
-        """Two passes on the device: the uint8 batch into the layout, then one fp32 multiply-add
-        written in the step's dtype (the same values as float, subtract, divide and cast)."""
-        if self.decoder is not None:  # an EncodedBatch: decoded and cropped on the device
+        """The uint8 batch into the layout, then one fp32 multiply-add written in the step's dtype."""
+        if self.decoder is not None:
             images, labels = self.decoder(batch)
         else:
             images, labels = batch
@@ -282,8 +261,7 @@ class DevicePrefetcher:
             return self._to_device(batch)
 
     def _ready(self, batch):
-        """Makes the compute stream wait for what the side stream has queued so far (this batch)
-        and keeps the batch's memory from reuse until the compute stream is done with it."""
+        """The compute stream waits for the side stream's work and holds the batch's memory."""
         if self.side_stream is not None:
             compute = self.streams.current_stream(self.device)
             compute.wait_stream(self.side_stream)
@@ -305,9 +283,7 @@ class DevicePrefetcher:
             yield current
 
     def decoded(self, iterator):
-        """As __iter__, with the next batch's decode, crops and normalisation in a host thread of
-        its own (decode_jpeg blocks the thread that calls it until its batch is done), its work
-        queued on the side stream there (a thread's current stream is its own)."""
+        """As __iter__, the next batch prepared in a thread of its own: decode_jpeg blocks its caller."""
         with ThreadPoolExecutor(1, thread_name_prefix="device-decode") as thread:
             upcoming = thread.submit(self._start, next(iterator, None))
             while (batch := upcoming.result()) is not None:

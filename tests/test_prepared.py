@@ -16,7 +16,7 @@ import train
 from conftest import ROOT, TINY, assert_same_weights, process_tree
 from mobilenet.data.datasets import ImageFolderRGB
 from mobilenet.data.transforms import TrainCrop
-from mobilenet.data.prepared import prepare
+from prepare_data import prepare
 from mobilenet.data.prepared import PreparedImages
 
 

@@ -1,6 +1,4 @@
-"""Datasets (images with per-image error handling: a folder of files; synthetic images), the
-samplers (a shuffle that resumes mid-epoch, each virtual rank's share) and the loaders. Which
-dataset a data.path gives: data/sources.py."""
+"""The datasets (a folder of files, synthetic images), the samplers and the loaders."""
 import contextlib
 import hashlib
 import multiprocessing
@@ -24,8 +22,8 @@ def sample_key(key):
 
 
 def read_regular_file(path):
-    """The bytes of ``path``; anything but a regular file (a FIFO would block a reader forever) is
-    an OSError. (Plain os calls: a Python file object costs ~30 us more per small file.)"""
+    """The bytes of ``path``; not a regular file (a FIFO blocks forever) is an OSError. Plain os
+    calls: a file object costs ~30 us more per small file."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
@@ -44,20 +42,16 @@ def read_regular_file(path):
 
 
 class ImageSamples(Dataset):
-    """Encoded images with labels (``samples``: [(path, label)], ``targets``, ``classes``); ``open``
-    gives an EncodedImage, which the transform decodes to RGB with the sample's seed. An image that
-    cannot be read or decoded, for whatever reason, gets one warning naming it and is remembered in
-    ``unreadable`` (shared with the workers): training draws the next readable one in its place;
-    with ``leave_out`` (validation: the image shape) it is a blank image labelled -1, which accuracy
-    leaves out. ``strict``: a UsageError at the first. ``cache_mb``: the first images that fit,
-    decoded once and kept."""
+    """Encoded images with labels (``samples``: [(path, label)]), transformed with the sample's seed.
+    An unreadable image gets one warning and a mark in ``unreadable`` (shared with the workers);
+    training takes the next readable one instead, validation (``leave_out``: the image shape) a
+    blank labelled -1 that accuracy leaves out; ``strict``: a UsageError at the first."""
 
     def ready(self, transform, strict=False, leave_out=None, cache_mb=0):
         """Called by a subclass once its samples are known."""
         self.transform, self.strict, self.leave_out = transform, strict, leave_out
         self.unreadable = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
         self.lock = multiprocessing.Lock()
-        # under data.decode=device the cache keeps the files' bytes: the device decodes them
         decoded = not getattr(transform, "keeps_bytes", False)  # device decode's crops take the bytes
         self.cache = self.preload(cache_mb * 2**20, decoded=decoded) if cache_mb else {}
 
@@ -66,10 +60,9 @@ class ImageSamples(Dataset):
         raise NotImplementedError
 
     def preload(self, budget, decoded=True):
-        """{index: EncodedImage with its full-scale pixels (``decoded``; else its bytes alone)} for
-        the first images that fit in ``budget`` bytes (data.cache_mb), read and decoded now, before
-        the loader's workers fork and share them. A cached image gives the same pixels as a fresh
-        read (reduced-scale decodes still come from its bytes), so caching never changes a run."""
+        """{index: EncodedImage, decoded at full scale (else its bytes alone)} of the first images
+        that fit in ``budget`` bytes, before the workers fork. A cached image gives a fresh read's
+        pixels (reduced-scale decodes come from its bytes): caching never changes a run."""
         cache = {}
         for index, (path, _) in enumerate(self.samples):
             try:
@@ -103,7 +96,6 @@ class ImageSamples(Dataset):
         if hasattr(image, "with_index"):  # still encoded (data.decode=device): it carries its index
             image = image.with_index(index)
         return image, label
-
 
     def report_unreadable(self, index, path, reason):
         if self.strict:
@@ -157,11 +149,9 @@ class ImageFolderRGB(ImageSamples):
 
     @staticmethod
     def scan(directory, class_to_idx):
-        """torchvision's make_dataset (the same samples in the same order), except that it follows
-        each real folder once: its os.walk(followlinks=True) has no loop check, so a link to a parent
-        folder re-read the whole tree, labelling other classes' images with this one's. A folder
-        reached again through a link (a loop, or a second way in) is said in one warning line and
-        skipped; a file reached twice (a link to it, a hard link) counts once."""
+        """torchvision's make_dataset (its samples, its order), but each real folder and file once:
+        its os.walk(followlinks=True) follows a link to a parent folder round the whole tree again,
+        labelling other classes' images with this one's. A folder reached again is one warning."""
         seen_folders = {folder_id(directory)} | {folder_id(os.path.join(directory, c)) for c in class_to_idx}
         seen_files, again, samples = set(), [], []
         for name in sorted(class_to_idx):
@@ -186,8 +176,8 @@ def folder_id(path):
 
 
 def scan_once(top, seen_folders, seen_files, again):
-    """[(folder, [file names])] of ``top`` and the folders below it, links followed, each real
-    folder (by device and inode) and each real file once; a folder met again goes to ``again``."""
+    """[(folder, [file names])] below ``top``, links followed, each real folder and file once; a
+    folder met again goes to ``again``."""
     found, todo = [], [top]
     while todo:
         folder = todo.pop()
@@ -217,9 +207,8 @@ def scan_once(top, seen_folders, seen_files, again):
 
 
 def data_record(dataset):
-    """{"images": N, "fingerprint": hex} of a dataset, for checkpoints: a resume compares them to
-    tell whether the data changed (a hash of the file list and labels; of the settings for
-    synthetic images), without reading any image."""
+    """{"images": N, "fingerprint": a hash of the file list and labels}: a resume compares them to
+    tell whether the data changed, without reading an image."""
     digest = hashlib.sha1()
     for line in dataset.record_lines():
         digest.update(line)
@@ -251,8 +240,7 @@ class SyntheticImages(Dataset):
 
 
 def image_folder(root, subset, transform, strict, leave_out=None, cache_mb=0, flag="--data"):
-    """ImageFolderRGB of ``root``/``subset``; what is wrong with the folder is a UsageError naming
-    ``flag`` (what the user gave it as)."""
+    """ImageFolderRGB of ``root``/``subset``; a bad folder is a UsageError naming ``flag``."""
     folder = Path(root) / subset
     try:
         found = folder.is_dir()
@@ -285,11 +273,9 @@ def checked(train, val, path, model):
 
 
 class WorkerSignals:
-    """Whether the loader's workers outlive the stop signals (errors.stop_signals). While the run
-    trains (``protect()``) they do: torchrun, Slurm, `timeout` and Ctrl-C signal the whole process
-    group or every process, and the run, which stops after its step and saves, ends the workers
-    itself. Otherwise they end at once, so that the loader and multiprocessing can shut them down
-    (both use SIGTERM)."""
+    """While the run trains (``protect()``) the loader's workers outlive the stop signals, which
+    torchrun, Slurm and Ctrl-C send to every process: the run stops after its step and ends them.
+    Otherwise they end at once, as the loader's own SIGTERM shutdown expects."""
 
     def __init__(self):
         self.protected = multiprocessing.Value("b", 0, lock=False)  # shared with the workers
@@ -313,12 +299,8 @@ class WorkerSignals:
 
 def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=False,
                   worker_signals=None, workers=0, decode="workers", accumulation=1, reps=1):
-    """Train: a seeded, resumable shuffle per epoch, full batches, ``accumulation`` of them for each
-    optimizer step (ResumableSampler's virtual ranks; ``reps``: augment.ra_reps). Val: this
-    process's exact share.
-    ``workers``: loader processes each (derived.workers); ``worker_signals``: a WorkerSignals
-    whose protection the workers follow; ``decode``: derived.decode (device: batches of encoded
-    JPEGs and the images decoded in the workers, mobilenet.data.device_decode)."""
+    """Train: ResumableSampler's full batches, ``accumulation`` a step. Val: this process's exact
+    share. ``decode`` device: batches of encoded JPEGs (mobilenet.data.device_decode)."""
     common = {"num_workers": workers, "pin_memory": pin_memory, "persistent_workers": workers > 0,
               "worker_init_fn": worker_signals.worker_init if worker_signals else None}
     if decode == "device":  # imported only then
@@ -338,14 +320,10 @@ def build_loaders(train_set, val_set, data, seed, rank=0, world=1, pin_memory=Fa
 
 
 class ResumableSampler(Sampler):
-    """DistributedSampler's seeded per-epoch shuffle and interleaved shard (drop_last), as virtual
-    ranks: forward m of process ``rank`` holds what rank ``rank x accumulation + m`` of ``world x
-    accumulation`` ranks would (one process accumulating 2 forwards trains what 2 processes train).
-    It starts at any global step (``set_epoch``) and yields (index, seed): an image's augmentation
-    depends only on the seed, the epoch, the image and its copy. ``reps`` > 1: repeated
-    augmentation, as the references' RASampler deals it: each image of the order ``reps`` times in
-    a row, so on consecutive virtual ranks, each copy with its own seed; the order cut to the
-    epoch's length (RASampler cuts it to 256 images per rank; this one to whole global batches)."""
+    """DistributedSampler's seeded shuffle and shard (drop_last) over virtual ranks: forward m of
+    ``rank`` holds virtual rank ``rank x accumulation + m``'s share, so 1 process accumulating 2
+    forwards trains what 2 processes train. It starts at any step and yields (index, seed).
+    ``reps`` > 1 (RASampler): each image ``reps`` times in a row, each copy its own seed."""
 
     def __init__(self, length, rank=0, world=1, seed=0, batch=1, accumulation=1, reps=1):
         self.length, self.seed, self.batch, self.reps = length, seed, batch, reps

@@ -34,7 +34,7 @@ def sources(args, tmp):
     """{"folder": root, "prepared": root, "prepared N": root ...}: the photos (written unless --data),
     their prepared set at the default settings, and one more for each other --max-sides."""
     from benchmarks.harness import write_imagenet_like
-    from mobilenet.data.prepared import prepare
+    from prepare_data import prepare
     folder = Path(args.data) if args.data else write_imagenet_like(Path(tmp) / "photos", args.images)
     made = {"folder": folder}
     for side in [DEFAULT_SIDE, *(side for side in args.max_sides if side != DEFAULT_SIDE)]:
