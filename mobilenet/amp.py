@@ -1,12 +1,7 @@
-"""Mixed precision: Ascend's apex amp (combine_grad=True; amp.backend auto takes it on npu where it
-imports, as ModelZoo trains), else torch's native amp.
-
-Levels: O0 fp32; O1 autocast, fp32 weights; O2 a half model (BatchNorm fp32) with fp32 masters.
-Loss scaling (O1, O2), static or dynamic: a step whose grads are not finite is skipped and counted
-(inside torch's fused kernel, else after one host read); under apex at a static scale nothing is
-checked (the next loss check stops a diverged run). The hooks TrainStep calls, in order: autocast,
-backward, unscale, step, zero_grad.
-"""
+"""Mixed precision, Ascend's apex amp (combine_grad=True, on npu where it imports) or torch's: O0
+fp32; O1 autocast; O2 a half model (BatchNorm fp32) with fp32 masters. A step whose grads are not
+finite is skipped and counted (but under apex at a static scale). TrainStep calls, in order:
+autocast, backward, unscale, step, zero_grad."""
 import contextlib
 import importlib
 
@@ -37,8 +32,7 @@ def apex_amp_importable():
 
 
 def choose_backend(level, backend, device):
-    """none (O0) | native | apex, for amp.level, amp.backend and the device type. auto takes apex
-    only on npu and only Ascend's fork, as ModelZoo trains; an explicit apex must be that fork."""
+    """none (O0) | native | apex; auto takes apex on npu only, and only Ascend's fork."""
     if backend == "apex" and level == "O0":
         raise UsageError("amp.backend=apex at amp.level O0: apex amp has nothing to do at O0 and refuses "
                          "npu fused optimizers there; use --amp O1|O2, or amp.backend=auto")
@@ -63,13 +57,9 @@ def choose_backend(level, backend, device):
 # TensorBoard do), and lets a fused optimizer's skipped first step leave uninitialised momentum;
 # the kernels below are the ones GradScaler itself calls.
 class LossScaler:
-    """Loss scale, non-finite check and skip counting with torch's own amp kernels.
-
-    dynamic: halve on overflow, double after ``growth_interval`` clean steps. static: fixed scale,
-    overflow steps still skipped. ``skip_on_device``: the optimizer is a torch fused one, which
-    reads ``found_inf`` and skips inside its kernel (no host sync); others need one host read per
-    step (and so does a fused optimizer's first step, below).
-    """
+    """Loss scale, non-finite check and skip counting with torch's own amp kernels; dynamic: halve on
+    overflow, double after ``growth_interval`` clean steps. ``skip_on_device``: a torch fused
+    optimizer skips inside its kernel (``found_inf``); others take one host read a step."""
 
     def __init__(self, loss_scale, device, skip_on_device=False, growth_interval=2000):
         self.dynamic = loss_scale == "dynamic"
@@ -87,9 +77,8 @@ class LossScaler:
                                                          self.scale.double().reciprocal().float())
 
     def step(self, optimizer):
-        """optimizer.step() unless found_inf. A fused optimizer's first step takes the host read
-        too: torch's fused SGD allocates its momentum buffers uninitialised (empty_like), and a
-        skipped first step would leave them so (common: 2**16 often overflows at the start)."""
+        """optimizer.step() unless found_inf. A fused optimizer's first step reads it on the host: a
+        skipped first step would leave its momentum uninitialised (empty_like)."""
         if self.skip_on_device and optimizer.state:
             optimizer.found_inf = self.found_inf
             try:
@@ -108,8 +97,7 @@ class LossScaler:
                 "skipped": self.skipped.item()}
 
     def load_state_dict(self, state):
-        """A checkpoint's scaler state; a static scale stays this run's (amp.loss_scale). Returns
-        the note that says so where the checkpoint's differed, else None."""
+        """A checkpoint's scaler state; a static scale stays this run's (the note that says so)."""
         self.growth_tracker.fill_(state["growth_tracker"])
         self.skipped.fill_(state["skipped"])
         if self.dynamic:
@@ -121,9 +109,8 @@ class LossScaler:
 
 
 def flat_views(tensors, dtype):
-    """(one zeroed flat buffer of ``dtype``, views of it with each tensor's size and strides, in
-    order): a list of dense tensors (contiguous or channels_last) laid out in one buffer, so that
-    a copy or cast of all of them is one launch."""
+    """(a zeroed flat buffer of ``dtype``, views of it shaped and strided as ``tensors``): a copy or
+    cast of them all is one launch."""
     flat = torch.zeros(sum(t.numel() for t in tensors), dtype=dtype, device=tensors[0].device)
     views, offset = [], 0
     for t in tensors:
@@ -133,11 +120,9 @@ def flat_views(tensors, dtype):
 
 
 class MasterWeights:
-    """O2, as apex does it with combine_grad: casts ``net`` to ``dtype`` except BatchNorm, and keeps
-    fp32 master copies of all its parameters for the optimizer. The model's parameters and their
-    grads live in one flat buffer per dtype (half, and fp32 for BatchNorm), the masters and their
-    grads in fp32 buffers of the same layout: each step's grad copy, weight copy and zeroing are
-    one launch per dtype instead of one per tensor (torch's foreach copy does not cast)."""
+    """O2 as apex's combine_grad does it: ``net`` cast to ``dtype`` but BatchNorm, fp32 masters for the
+    optimizer, each side in one flat buffer per dtype, so each step's grad copy, weight copy and
+    zeroing are one launch per dtype (torch's foreach copy does not cast)."""
 
     def __init__(self, net, dtype):
         self.names = [name for name, _ in net.named_parameters()]
@@ -265,12 +250,9 @@ class NativePrecision:
 
 
 class ApexPrecision:
-    """Ascend's apex as ModelZoo runs it: amp.initialize(net, optimizer, opt_level, loss_scale,
-    combine_grad=True) before DDP; amp.scale_loss's backward, which also unscales (into the fp32
-    masters at O2) and, at a dynamic scale, checks for an overflow and makes the next step a skip;
-    the optimizer's zero_grad as apex patches it (it takes no argument). At a static scale apex
-    checks nothing and applies every step. At O2 apex keeps the fp32 masters in the optimizer's
-    param_groups and the half weights in the model; checkpoints hold the masters."""
+    """Ascend's apex as ModelZoo runs it: amp.initialize(..., combine_grad=True) before DDP, then
+    amp.scale_loss's backward, which unscales and, at a dynamic scale, makes an overflow's next step
+    a skip. At O2 the optimizer's param_groups hold the fp32 masters, which checkpoints hold."""
 
     backend = "apex"
     input_dtype = torch.float32  # apex O2 casts the model's inputs itself
@@ -356,8 +338,7 @@ def grads_of(optimizer):
 
 
 def build_precision(amp_cfg, *, backend, device, net, skip_on_device=False):
-    """The precision for the ``amp`` config section and its resolved ``backend``; under native O2
-    this casts ``net`` (see MasterWeights), so build it before the optimizer."""
+    """The precision for the ``amp`` section; native O2 casts ``net``: build it before the optimizer."""
     if backend == "apex":
         return ApexPrecision(importlib.import_module("apex.amp"), amp_cfg["level"], amp_cfg["loss_scale"])
     return NativePrecision(level=amp_cfg["level"], dtype=getattr(torch, amp_cfg["dtype"]),

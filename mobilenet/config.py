@@ -1,11 +1,6 @@
-"""Configuration: defaults, YAML files and ``key.sub=value`` overrides, validated, then resolved.
-
-``build_config`` merges the layers and checks every value; ``resolve`` computes, once, every value
-that depends on the machine or on other settings (device, world size, global batch, scaled LR,
-channels_last, optimizer implementation, amp backend, output folder) into a read-only config with a
-``derived`` section. Everything after that reads the resolved config and never changes it.
-Every user mistake raises UsageError.
-"""
+"""Configuration: ``build_config`` merges the defaults, a YAML file and ``key.sub=value`` overrides,
+checking every value; ``resolve`` computes once what depends on the machine or on other settings
+into the ``derived`` section of a read-only config. Every user mistake raises UsageError."""
 import copy
 import math
 from pathlib import Path
@@ -24,43 +19,32 @@ DEFAULTS = {
     "seed": 0,
     "device": "auto",              # auto | npu | cuda | cpu
     "output": None,                # run directory; default runs/<config>-<optimizer>
-    "device_id": None,             # the card of a single process (ModelZoo's --device_id); None: each
-                                   # process takes its local rank's card
+    "device_id": None,             # the card of a single process; None: the local rank's
     "model": {
-        "name": "mobilenet_v1",    # mobilenet_v1 | the others of model.MODELS | any classification
-                                   # model of torchvision's by name (torchvision.models.list_models)
+        "name": "mobilenet_v1",    # a row of model.MODELS, or a torchvision classifier by name
         "width_mult": 1.0,         # channel width multiplier (models without one: noted, ignored)
         "num_classes": 1000,
         "resolution": 224,
         "channels_last": "auto",   # auto: on for cpu and cuda (measured faster), off for npu
-                                   # (torch_npu keeps its own internal formats); true | false
         "sync_bn": False,          # SyncBatchNorm across processes (cuda/npu, more than one process)
         "pretrained": None,        # checkpoint to initialise the weights from (ours or ModelZoo)
     },
     "data": {
-        "path": None,              # an ImageFolder root with train/ and val/, a prepared set of one
-                                   # (scripts/prepare_data.py), 'synthetic' or 'digits'
+        "path": None,              # a folder with train/ and val/, a prepared set, synthetic, digits
         "batch_size": 256,         # per process, and per forward (a micro-step under accumulation)
-        "global_batch": "auto",    # the images of one optimizer step, over every process: processes x
-                                   # batch_size x train.grad_accum_steps (auto: that product)
+        "global_batch": "auto",    # images an optimizer step, all processes (auto: as the batch gives)
         "val_batch_size": 256,
-        "workers": "auto",         # loader processes per training process; auto: from the cores this
-                                   # process may use, shared by the node's processes (derived.workers)
+        "workers": "auto",         # loader processes per process; auto: from the usable cores
         "hflip": True,
         "min_scale": 0.08,         # RandomResizedCrop lower area bound
-        "train_resolution": "auto",  # the training crop's side (the references' --train-crop-size);
-                                   # auto: model.resolution, which validation crops to
+        "train_resolution": "auto",  # the training crop's side; auto: model.resolution
         "interpolation": "bilinear",  # bilinear | bicubic | nearest: the crops' resize and the policy's
-        "val_resize_ratio": 0.875, # val: resize to resolution/ratio, centre-crop resolution (at
-                                   # least 0.1: a 10x resize)
+        "val_resize_ratio": 0.875, # val: resize to resolution/ratio, centre-crop resolution
         "synthetic_size": 2048,    # images per epoch for data.path=synthetic
         "strict": False,           # an unreadable image stops the run instead of being skipped
-        "cache_mb": 0,             # >0: read and decode files at start, up to this many MiB, and keep
-                                   # them in memory (small datasets such as the demo); under
-                                   # data.decode=device it keeps the files' bytes
-        "decode": "auto",          # workers | device (JPEGs decoded, cropped and resized on the
-                                   # step's device: nvJPEG on cuda); auto: device on cuda where a
-                                   # start-up probe decodes the workers' pixels, and faster there
+        "cache_mb": 0,             # >0: this many MiB of images decoded at start and kept in memory
+        "decode": "auto",          # workers | device (nvJPEG on cuda); auto: device where a start-up
+                                   # probe finds it gives the workers' pixels, faster
     },
     "optim": {
         "name": "sgd",             # sgd | adam | adamw | rmsprop (optim.ALGORITHMS)
@@ -68,38 +52,25 @@ DEFAULTS = {
         "lr": 0.1,                 # for the global batch; see lr_scale_batch
         "lr_scale_batch": 0,       # >0: lr is per this many images and scales with the global batch
         "weight_decay": 1.0e-4,
-        "norm_weight_decay": "auto",  # the weight decay of normalisation layers' parameters; auto:
-                                   # optim.weight_decay (the references' --norm-weight-decay)
-        "bias_weight_decay": "auto",  # of every parameter named bias, a norm layer's too; auto: as the
-                                   # others of its layer (--bias-weight-decay)
-        "foreach": "auto",         # standard only: auto = torch's own choice for the device (the
-                                   # per-parameter loop on cpu and Ascend 910A, multi-tensor foreach
-                                   # on cuda and Ascend A2/A3); true | false force it
-        # and each algorithm's own settings, from its row of optim.ALGORITHMS (default and range):
-        # momentum, nesterov (sgd); betas, eps (adam, adamw); momentum, alpha, eps (rmsprop)
+        "norm_weight_decay": "auto",  # of normalisation layers' parameters; auto: weight_decay
+        "bias_weight_decay": "auto",  # of every bias; auto: as the others of its layer
+        "foreach": "auto",         # standard only: auto = torch's own choice for the device
+        # and each algorithm's own settings, from its row of optim.ALGORITHMS
         **{name: setting.default for name, setting in algorithm_settings().items()},
     },
     "schedule": {
         "name": "step",            # step | cosine (optim.SCHEDULES)
-        # and each schedule's own settings, from its row (default and range): step_epochs, gamma
-        # (step: multiply by gamma every step_epochs); min_lr (cosine's floor); for every schedule,
-        # the warm-up over warmup_epochs, from warmup_start_factor * lr (warmup_method linear) or at
-        # it (constant); per_epoch: the LR changes at each epoch's start only, as torchvision's
-        # references step their schedulers (else at every step)
+        # and each schedule's own settings, from its row of optim.SCHEDULES, and optim.WARMUP's
         **{name: setting.default for name, setting in schedule_settings().items()},
     },
     "augment": {
-        "policy": "none",          # after the crop and flip: none | imagenet | cifar10 | svhn
-                                   # (AutoAugment's policies) | ra (RandAugment) | ta_wide
-                                   # (TrivialAugmentWide) | augmix (data.augment.POLICIES)
-        # and each policy's own settings, from its row: ra_magnitude (ra), augmix_severity (augmix)
+        "policy": "none",          # after the crop and flip: a row of data.augment.POLICIES
+        # and each policy's own settings, from its row
         **{name: setting.default for name, setting in policy_settings().items()},
         "random_erase": 0.0,       # the chance that RandomErasing blanks a box of an image
         "mixup_alpha": 0.0,        # >0: MixUp of each batch, its Beta(alpha, alpha) (soft targets)
         "cutmix_alpha": 0.0,       # >0: CutMix; with both, one of the two per batch
-        "ra_reps": 1,              # >1: repeated augmentation: each image of an epoch's order this
-                                   # many times in a row, on consecutive virtual ranks (the
-                                   # references' --ra-sampler --ra-reps); the epoch keeps its length
+        "ra_reps": 1,              # >1: repeated augmentation, each image this many times in a row
     },
     "amp": {
         "level": "O0",             # O0 (fp32) | O1 (autocast) | O2 (half model, fp32 masters)
@@ -109,35 +80,25 @@ DEFAULTS = {
     },
     "train": {
         "epochs": 90,
-        "grad_accum_steps": "auto",  # forwards of data.batch_size per process and optimizer step
-                                   # (--grad-accum-steps); auto: what data.global_batch asks, or a
-                                   # resume's checkpoint, else 1
+        "grad_accum_steps": "auto",  # forwards per process an optimizer step; auto: what
+                                   # data.global_batch or a resume's checkpoint asks, else 1
         "label_smoothing": 0.0,
         "clip_grad_norm": 0.0,     # >0: the grads' total norm clipped to this before each step
-        "ema_decay": 0.0,          # >0: keep an exponential moving average of the weights
-                                   # (e.g. 0.9999), evaluated and checkpointed beside the model
+        "ema_decay": 0.0,          # >0: an exponential moving average of the weights, also evaluated
         "ema_steps": 1,            # the EMA updates after every N-th step of an epoch (its first too)
         "log_every": 50,           # steps between progress lines
         "keep_checkpoints": 0,     # also keep the last K epoch checkpoints
         "max_steps_per_epoch": 0,  # >0: cut every epoch short (ModelZoo's --max_steps N is N+2 here)
-        "max_steps": 0,            # >0: stop the run after this many training steps in all, validate
-                                   # and save there (--max-steps / --stop-step-num)
-        "checkpoint_every_minutes": 0.0,  # >0: also save last.pt within an epoch this often (rank 0),
-                                   # so a crash without a signal loses at most this much work
+        "max_steps": 0,            # >0: stop the run after this many steps in all
+        "checkpoint_every_minutes": 0.0,  # >0: also save last.pt within an epoch this often
         "measure_breakdown": False,  # time data waits and optimizer steps (syncs the device)
         "profile": False,          # torch.profiler trace of this process's steps 3-12 in <output>/profile
-        "compile": "auto",         # torch.compile the model and the optimizer step (inductor with
-                                   # CUDA graphs on cuda, inductor on cpu, torchair on npu); auto: on
-                                   # for cuda when compiling is a small share of the run (derived)
-        "resume_next_epoch": False,  # a checkpoint written mid-epoch resumes at the start of the next
-                                   # epoch (the rest of its epoch is skipped): for data that changed
-        "stall_timeout": 900.0,    # >0: a process without progress (a step, a validation batch, a
-                                   # save) this many seconds ends, naming the rank or loader worker
-                                   # it waits for (mobilenet.watchdog); 0: off
-        "deterministic": False,    # torch.use_deterministic_algorithms (the references'
-                                   # --use-deterministic-algorithms; cpu runs are already)
-        "freeze_bn": False,        # BatchNorm uses running statistics while training (fine-tuning
-                                   # with small per-card batches; makes results batch-split invariant)
+        "compile": "auto",         # torch.compile the model and the optimizer step; auto: on for cuda
+                                   # when compiling is a small share of the run
+        "resume_next_epoch": False,  # a mid-epoch checkpoint resumes at the next epoch's start
+        "stall_timeout": 900.0,    # >0: a process without progress this long ends (mobilenet.watchdog)
+        "deterministic": False,    # torch.use_deterministic_algorithms
+        "freeze_bn": False,        # BatchNorm uses its running statistics while training
     },
 }
 
@@ -345,16 +306,13 @@ def build_config(config_path=None, overrides=(), settings=None):
     return cfg
 
 
-# Settings that may differ between the processes of a job: where things are on each machine and
-# how each process is fed, not what is trained (each node may hold the data elsewhere; the loader's
-# workers and the decode choice follow the node's cores and card).
+# Settings that may differ between a job's processes: where things are and how each is fed.
 PER_PROCESS = {"device_id", "output", "data.path", "data.workers", "data.cache_mb", "derived.workers",
                "derived.decode", "derived.decode_why", "derived.command_line"}
 
 
 def differing_settings(ours, theirs):
-    """[(setting, theirs, ours)] of two resolved configs that differ outside PER_PROCESS, settings
-    before derived values."""
+    """[(setting, theirs, ours)] where two resolved configs differ outside PER_PROCESS."""
     ours, theirs = (dict(flatten(thaw(cfg))) for cfg in (ours, theirs))
     keys = sorted((ours.keys() | theirs.keys()) - PER_PROCESS, key=lambda key: (key.startswith("derived."), key))
     return [(key, theirs.get(key), ours.get(key)) for key in keys if ours.get(key) != theirs.get(key)]
@@ -386,13 +344,9 @@ def thaw(value):
 
 
 def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
-    """The run's read-only config: ``cfg``'s settings plus ``derived``, computed here once: device,
-    world_size, grad_accum_steps, global_batch, lr (scaled under optim.lr_scale_batch),
-    channels_last, optimizer_implementation (a key of optim.IMPLEMENTATIONS) and optimizer_class,
-    amp_backend, workers, decode and compile (each with why), not_taken (settings_not_taken) and
-    command_line (what the dialects' flags became, from mobilenet.cli). ``output`` defaults to
-    runs/<name>-<optim.impl>; ``world`` to the torchrun environment; ``probe``: whether a choice may
-    measure the process's card (data.decode auto; not in the launcher's check)."""
+    """The run's read-only config: ``cfg`` plus ``derived``, computed here once. ``output`` defaults
+    to runs/<name>-<optim.impl>; ``world`` to torchrun's; ``probe``: whether data.decode auto may
+    measure the card (not in the launcher's check)."""
     from mobilenet.amp import choose_backend
     from mobilenet.data.sources import auto_workers, choose_decode
     from mobilenet.device import choose_compile
@@ -434,10 +388,8 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
 
 
 def settings_not_taken(cfg):
-    """A line for each setting the chosen algorithm, model, data source, schedule or policy does not
-    take (its row says what it takes) and that was given another value than its default: ignored,
-    and said, the same way for the five tables. A row names its settings within its section, or
-    whole ('augment.policy': a source whose images are not transformed does not take it)."""
+    """A line for each setting given that the chosen row of one of the five tables does not take:
+    ignored, and said. A row names its settings within its section, or whole ('augment.policy')."""
     from mobilenet.data.sources import DATA_OPTIONAL, SOURCES, source_of
     source = source_of(cfg["data"]["path"]) if cfg["data"]["path"] is not None else SOURCES["folder"]
     policy = cfg["augment"]["policy"]
@@ -466,10 +418,9 @@ def flat(cfg, dotted):
 
 
 def batches(cfg, processes, global_batch=None):
-    """(train.grad_accum_steps, data.global_batch, lr) for ``processes`` processes: the global batch
-    is processes x data.batch_size x the accumulation, whichever of the two settings is given (or
-    ``global_batch``: a resume's checkpoint's, where both are auto); the LR scales with it under
-    optim.lr_scale_batch. A global batch the processes cannot fill exactly is one line."""
+    """(accumulation, global batch, lr) for ``processes``: processes x data.batch_size x the
+    accumulation, from whichever setting is given (or ``global_batch``, a checkpoint's, where both
+    are auto); the LR scales under optim.lr_scale_batch."""
     data, train, optim = cfg["data"], cfg["train"], cfg["optim"]
     per_step = processes * data["batch_size"]
     given = data["global_batch"] if data["global_batch"] != "auto" else global_batch
@@ -494,9 +445,7 @@ def batches(cfg, processes, global_batch=None):
 
 
 def with_global_batch(cfg, global_batch):
-    """The resolved ``cfg`` with another global batch (a resume's checkpoint's: train.grad_accum_steps
-    and data.global_batch auto), the accumulation and LR that follow from it: a new read-only config,
-    the rest of its derived values as they were."""
+    """A new read-only ``cfg`` at a checkpoint's global batch, its accumulation and LR to match."""
     derived = dict(cfg["derived"])
     derived["grad_accum_steps"], derived["global_batch"], derived["lr"] = batches(cfg, derived["world_size"],
                                                                                   global_batch)
@@ -506,7 +455,7 @@ def with_global_batch(cfg, global_batch):
 
 
 def device_id_notes(device_id, device, world_size):
-    """[] or the note that device_id has no card to choose here; a UsageError where it cannot hold."""
+    """[] or the note that device_id is ignored here; a UsageError where it cannot hold."""
     from mobilenet.device import card_count
     if device_id is None:
         return []
@@ -523,8 +472,7 @@ def device_id_notes(device_id, device, world_size):
 
 
 def steps_counted_up_to(cfg, global_batch):
-    """A function: the run's training steps, its images counted only up to ``limit`` steps' worth
-    (a folder is listed, not read; a run that holds more is long enough for what asks)."""
+    """A function: the run's steps, its images counted only up to ``limit`` steps' worth."""
     from mobilenet.data.sources import train_images
     data, train = cfg["data"], cfg["train"]
 

@@ -1,11 +1,5 @@
-"""The run: builds everything from the resolved config, trains the epochs, validates, writes the run.
-
-``run`` (the device and the world, the run directory, ``build_run``, every process checked
-against rank 0, the resume: mobilenet/resume.py's two calls), then ``fit``: epochs of
-``train_one_epoch`` and ``end_epoch`` (validation, the checkpoint), and the summary. The
-behaviours are entered at three named points (``enter``): the start, each log interval, each
-epoch's end.
-"""
+"""The run: ``run`` builds it from the resolved config (``build_run``, the resume's two calls), then
+``fit`` trains its epochs (``train_one_epoch``, ``end_epoch``). Behaviours enter at named points."""
 import math
 import signal
 import time
@@ -38,7 +32,7 @@ from mobilenet.watchdog import Watchdog, kill_loader_workers
 
 @dataclass
 class Run:
-    """What the loop carries: the resolved config, the step, the data, and where the run stands."""
+    """What the loop carries."""
     cfg: dict
     world: object
     device: torch.device
@@ -62,17 +56,13 @@ STUCK_DATA_WAIT_S = 5.0  # a stop signal during a data wait this long stops at o
 
 
 class StopRequested(BaseException):
-    """A stop signal while the loop waits for a batch: the state is that of the last step, whole, so
-    the run stops there at once (BaseException: the DataLoader's own handlers let it pass)."""
+    """A stop signal during a stuck wait for a batch (BaseException: the DataLoader lets it pass)."""
 
 
 class StopOnSignal:
-    """A stop signal (errors.stop_signals) to any process of the job stops the run before the next
-    step: every rank votes after its wait for the batch, in a one-element host reduction (no device
-    sync), so every rank stops after the same step. A rank whose wait is stuck (a stopped loader
-    worker) leaves its wait at once (StopRequested) and votes in the reduction its peers wait in.
-    The loader's workers outlive the signal (WorkerSignals). Once the run saves (``saving()``)
-    signals are ignored; a second Ctrl-C is mobilenet.watchdog's."""
+    """A stop signal to any process stops every rank after the same step: each votes after its wait
+    for the batch, in a host reduction. A rank stuck in its wait leaves it (StopRequested) and votes
+    with its peers. Once the run saves (``saving()``) signals are ignored."""
 
     def __init__(self, world, watchdog):
         self.world, self.watchdog, self.received = world, watchdog, None
@@ -98,9 +88,7 @@ class StopOnSignal:
             self.stop_if_stuck()
 
     def stop_if_stuck(self):
-        """During a data wait of STUCK_DATA_WAIT_S: stop now. During a shorter one (batches the
-        loader had ready hid a stuck worker for a few steps): look again when it would have lasted
-        that long (SIGALRM, which interrupts the wait as the stop signal did)."""
+        """After a data wait of STUCK_DATA_WAIT_S: stop now; else look again then (SIGALRM)."""
         waited = self.watchdog.wait_seconds()
         if waited > STUCK_DATA_WAIT_S:
             raise StopRequested(self.received)
@@ -117,8 +105,7 @@ class StopOnSignal:
             signal.signal(sig, signal.SIG_IGN)
 
     def vote(self, save_due=False):
-        """Vote(stop, save) alike on every rank: whether any rank received a stop signal, and
-        whether any asks for the periodic save (``save_due``: rank 0's clock); one host reduction."""
+        """Vote(stop, save), alike on every rank: any rank's stop signal, rank 0's periodic save."""
         return Vote(*any_rank(self.received is not None, save_due))
 
 
@@ -128,11 +115,9 @@ class Vote(NamedTuple):
 
 
 def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
-    """Trains (or only evaluates) as the resolved ``cfg`` says; returns the summary dict (the
-    accuracy alone after --evaluate; None when a signal stopped the run).
-    ``resume``: a checkpoint path or 'auto' (the newest valid one in the run directory). After a
-    torchrun restart (--max-restarts) the run resumes with 'auto', falling back to ``resume``.
-    A run directory that holds a run is trained over only with ``start_over`` (its files go)."""
+    """Trains (or only evaluates) as the resolved ``cfg`` says; returns the summary (None when a
+    signal stopped it). ``resume``: a checkpoint or 'auto' (the newest valid one), which a torchrun
+    restart takes, falling back to ``resume``. ``start_over`` trains over a run directory's run."""
     if "derived" not in cfg:
         raise TypeError("run() takes a resolved config: run(resolve(build_config(...)))")
     if evaluate_only and not (resume or cfg["model"]["pretrained"]):
@@ -200,9 +185,8 @@ def build_run(cfg, world, device, log):
 
 
 def check_same_job(r):
-    """Every process trains what rank 0 trains: the same resolved config (less what locates things
-    on its machine, config.PER_PROCESS) and the same data records, compared before anything is
-    loaded or trained; a difference is one line naming the first rank that differs, on every rank."""
+    """Every rank has rank 0's config (less config.PER_PROCESS) and data records; a difference is
+    one line naming the first rank that differs, on every rank."""
     everyone = every_rank((r.cfg, r.state.records["data"]))
     settings, data = everyone[0]
     for rank, (their_settings, their_data) in enumerate(everyone[1:], start=1):
@@ -219,8 +203,7 @@ def check_same_job(r):
 
 
 def enter(r, point, *args):
-    """The behaviours' named ``point`` (at_start, at_log, at_epoch_end), in the list's order; a
-    behaviour that does not define it is passed over."""
+    """The behaviours' named ``point`` (at_start, at_log, at_epoch_end), where they define it."""
     for behaviour in r.behaviours:
         if hasattr(behaviour, point):
             getattr(behaviour, point)(r, *args)
@@ -248,10 +231,8 @@ def already_complete(r):
 
 
 def fit(r):
-    """Epochs of training and validation; checkpoints and the summary at the end. An epoch trained
-    but not validated (a crash in its validation, after a save of its last step) is validated first.
-    Every save is a collective (every rank's random states are gathered), which rank 0 writes; the
-    periodic one's clock is rank 0's, and the vote before each step tells the others."""
+    """Epochs of training and validation, then the summary; an epoch trained but not validated is
+    validated first. Every save gathers every rank's random states; rank 0 writes."""
     cfg = r.cfg
     saver = ckpt.CheckpointSaver(cfg["output"], cfg["train"]["keep_checkpoints"], writing=r.watchdog.writing)
     totals = {"images": 0, "seconds": 0.0, "data_wait_s": 0.0, "other_load": OtherLoad()}
@@ -282,12 +263,8 @@ def fit(r):
 
 
 def train_one_epoch(r, meter, stop, prof, *, periodic, save):
-    """Trains from the epoch's step ``r.state.epoch_step`` (the global batches of this epoch done) to
-    its end, or until ``stop`` says so, measured by ``meter``: each step the train.grad_accum_steps
-    forwards of its global batch.
-    ``save()`` between steps when ``periodic`` (rank 0's clock) is due: what acts between steps acts
-    between optimizer steps, never mid-accumulation. Steps that compile (``r.clock``) are timed apart
-    and left out of the rates."""
+    """Trains from ``r.state.epoch_step`` to the epoch's end or a stop; ``save()`` between steps when
+    ``periodic`` is due. Steps that compile are timed apart and left out of the rates."""
     state, log_every = r.state, r.cfg["train"]["log_every"]
     r.step.train(freeze_bn=r.cfg["train"]["freeze_bn"])
     r.train_loader.sampler.set_epoch(state.epoch, state.epoch_step)
@@ -316,12 +293,9 @@ def train_one_epoch(r, meter, stop, prof, *, periodic, save):
 
 
 def timed_steps(r, meter):
-    """The epoch's remaining steps, each the list of its train.grad_accum_steps batches on the
-    device, all of them there before the step votes and trains (a rank stuck in a later wait must
-    vote with its peers, not leave them in the step's all-reduce); the wait for each batch is timed
-    by the meter and is the watchdog's data wait. A stop signal during a stuck wait ends it: then
-    None comes, the last step's state being whole, and the loader's workers are gone (a stuck one
-    would hold the loader's shutdown)."""
+    """The epoch's remaining steps, each its train.grad_accum_steps batches, all on the device before
+    the step votes (a rank stuck in a later wait must vote, not hold its peers in the all-reduce).
+    A stop during a stuck wait gives None, the loader's workers killed."""
     forwards = r.cfg["derived"]["grad_accum_steps"]
     batches = iter(r.step.batches(r.train_loader))
     for _ in range(r.state.steps_per_epoch - r.state.epoch_step):
@@ -348,8 +322,7 @@ def check_finite(r, loss_mean):
 
 
 def log_interval(r, loss, interval):
-    """The progress line, metrics.jsonl and TensorBoard for the interval that ended; then the
-    behaviours' log-interval point."""
+    """The progress line, metrics.jsonl and TensorBoard for the interval; then ``at_log``."""
     state, steps = r.state, r.state.steps_per_epoch
     in_epoch = min(steps - state.epoch_step, state.steps_left)
     after_epoch = state.steps_left - in_epoch  # steps of the epochs after this one
@@ -366,9 +339,7 @@ def log_interval(r, loss, interval):
 
 
 def end_epoch(r, saver, epoch_seconds):
-    """Validation, its log lines and records, the behaviours' epoch-end point and the epoch's
-    checkpoints; returns the results. An epoch that train.max_steps cut short is validated and
-    saved at the step it reached. Every rank validates what rank 0 saves (its BatchNorm statistics)."""
+    """Validation of what rank 0 saves, its lines and records, ``at_epoch_end``, the checkpoints."""
     r.step.sync_buffers()
     val_start = time.perf_counter()
     results = validate(r)
@@ -409,9 +380,7 @@ def finish(r, totals, results):
 
 
 def save_last_if_finite(r, saver):
-    """last.pt between log intervals (periodic, or on a signal), unless the weights diverged since
-    the last loss check: then the run stops and the last good checkpoint stays. Every rank takes
-    part (their random states are gathered); rank 0 writes."""
+    """last.pt between log intervals, unless the weights diverged since the last loss check."""
     if not r.step.weights_finite():  # alike on every rank: they hold the same weights
         raise TrainingFailure(f"the weights became non-finite in epoch {r.state.epoch} before batch "
                               f"{r.state.epoch_step}: stopped; nothing saved after {saver.last}")

@@ -1,11 +1,6 @@
-"""The models the app trains, one table (MODELS), and MobileNetV1 (Howard et al. 2017, Table 1)
-with the Ascend ModelZoo parameter names, the default.
-
-MobileNetV1's layout: ``model`` is a Sequential of the stem conv (index 0), 13 depthwise-separable
-blocks (indices 1-13) and global average pooling (index 14); ``fc`` is the classifier. A stem is
-``[conv, bn, relu]``; a block is ``[dw conv, bn, relu, pw conv, bn, relu]``, so ModelZoo keys such
-as ``model.3.4.running_mean`` load unchanged.
-"""
+"""The models the app trains, one table (MODELS), and MobileNetV1 (Howard et al. 2017, Table 1) in
+Ascend ModelZoo's layout: ``model`` holds the stem (0), 13 blocks ``[dw conv, bn, relu, pw conv,
+bn, relu]`` (1-13) and the pooling (14), ``fc`` the classifier, so its keys load unchanged."""
 import functools
 from dataclasses import dataclass
 from typing import Callable
@@ -19,15 +14,6 @@ from mobilenet.errors import UsageError
 BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
           (512, 1), (512, 1), (512, 1), (512, 1), (512, 1), (1024, 2), (1024, 1)]
 STEM_CHANNELS = 32
-
-
-def final_feature_size(resolution):
-    """The side of the last feature map (what the last BatchNorm normalises per image): each
-    stride-2 conv (padding 1, kernel 3) halves it, rounding up."""
-    side = resolution
-    for stride in [2] + [stride for _, stride in BLOCKS]:
-        side = (side - 1) // stride + 1
-    return side
 
 
 def conv_bn_relu(inp, oup, kernel, stride, groups=1):
@@ -88,12 +74,9 @@ def torchvision_model(name, width_mult, num_classes):
 
 @dataclass(frozen=True)
 class Model:
-    """A model the app trains: its builder ``build(width_mult, num_classes)``; ``takes``: the
-    model.* settings it takes beyond name, num_classes and resolution (model.width_mult; what it
-    does not take is said and ignored); ``last_side(resolution)``: the side of the smallest map a
-    BatchNorm of it normalises per image (None: one forward pass counts it); its other names for
-    -a/--arch; ``weights(state)``: a checkpoint's weights renamed to its own keys (a foreign layout;
-    DataParallel's 'module.' prefix goes first)."""
+    """A model: ``build(width_mult, num_classes)``; ``takes``: its model.* settings of OPTIONAL;
+    ``last_side(resolution)``: the smallest map a BatchNorm of it normalises (None: a forward pass
+    counts it); its -a/--arch aliases; ``weights(state)``: a checkpoint's weights in its own keys."""
     build: Callable
     takes: tuple = ()
     last_side: Callable = None
@@ -104,7 +87,7 @@ class Model:
 # The one table of models: model.name, -a/--arch, the checkpoints' "arch" and the benchmarks read it.
 # A classification model of torchvision's that it does not hold is built by name too (model_row).
 MODELS = {
-    "mobilenet_v1": Model(lambda width, classes: MobileNetV1(width, classes), ("width_mult",), final_feature_size,
+    "mobilenet_v1": Model(lambda width, classes: MobileNetV1(width, classes), ("width_mult",), lambda r: halvings(r, 5),
                           aliases=("mobilenet", "mobilenetv1")),  # ModelZoo's own keys and arch name
     "mobilenet_v2": Model(functools.partial(torchvision_model, "mobilenet_v2"), ("width_mult",),
                           lambda r: halvings(r, 5)),
@@ -114,10 +97,7 @@ OPTIONAL = ("width_mult",)  # the model.* settings a row may take or not
 
 
 def model_row(name):
-    """The table's row of model ``name``, or one made for a classification model of torchvision's
-    (torchvision.models.list_models(module=torchvision.models)) that the table does not hold: its
-    builder is get_model(name, weights=None, num_classes=...), its BatchNorm sides are counted from
-    a forward pass; None for a name in neither."""
+    """The row of model ``name``, or one made for a classification model of torchvision's; or None."""
     return MODELS.get(name) or torchvision_row(name)
 
 
@@ -142,8 +122,7 @@ def build_model(model_cfg):
 
 
 def last_side(name, resolution):
-    """The side of the smallest map a BatchNorm of model ``name`` normalises per image at
-    ``resolution`` (None: it has no BatchNorm)."""
+    """The smallest map side a BatchNorm of ``name`` normalises at ``resolution`` (None: none)."""
     row = model_row(name)
     return row.last_side(resolution) if row.last_side else smallest_normalised_side(name, resolution)
 
@@ -169,8 +148,7 @@ def smallest_normalised_side(name, resolution):
 
 @functools.cache
 def multiply_adds(name, width_mult, resolution, num_classes=1000):
-    """Multiply-adds of one forward pass of model ``name`` (counted once per shape): how expensive it
-    is, for whatever asks (train.compile auto, the bf16 advice)."""
+    """Multiply-adds of one forward pass of model ``name`` (counted once per shape)."""
     row = model_row(name)
     return count_multiply_adds(row.build(width_mult if "width_mult" in row.takes else 1.0, num_classes), resolution)
 
@@ -187,17 +165,13 @@ def output_classes(net):
 
 
 def unwrap_state_dict(checkpoint):
-    """Model weights from our checkpoints, ModelZoo ``.pth.tar`` dicts or bare state dicts.
-
-    Removes the ``module.`` prefix that DataParallel/DDP checkpoints carry.
-    """
+    """Model weights from ours, ModelZoo's or bare state dicts, without DDP's ``module.`` prefix."""
     state = checkpoint.get("state_dict", checkpoint)
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
 def check_same_model(checkpoint, name, path="checkpoint"):
-    """A UsageError naming ``path`` when its 'arch' (ours, ModelZoo's) is another model of the
-    table than ``name``, saying how to go on with it."""
+    """A UsageError naming ``path`` when its 'arch' is another model than ``name``."""
     arch = model_name(checkpoint.get("arch")) if checkpoint.get("arch") else None
     if arch and arch != name:
         raise UsageError(f"{path}: a {arch} checkpoint (its arch), and this run builds {name} (model.name); "
@@ -205,8 +179,7 @@ def check_same_model(checkpoint, name, path="checkpoint"):
 
 
 def load_weights(model, checkpoint, path="checkpoint", name="mobilenet_v1"):
-    """Loads weights strictly into ``model`` (of MODELS ``name``); another model's checkpoint, a
-    shape or a key mismatch is a UsageError naming ``path``."""
+    """Loads weights strictly into ``model``; a mismatch is a UsageError naming ``path``."""
     check_same_model(checkpoint, name, path)
     state = model_row(name).weights(unwrap_state_dict(checkpoint))
     own = model.state_dict()
@@ -225,8 +198,7 @@ def load_weights(model, checkpoint, path="checkpoint", name="mobilenet_v1"):
 
 
 def model_from_checkpoint(checkpoint, path="checkpoint"):
-    """The model a checkpoint holds, with its weights: ours say which (their config); ModelZoo's
-    and bare weights are MobileNetV1s of the width and class count the weights have."""
+    """The model a checkpoint holds, with its weights (ModelZoo's and bare ones: a MobileNetV1)."""
     model_cfg = (checkpoint.get("config") or {}).get("model")
     if model_cfg and model_cfg.get("name", "mobilenet_v1") != "mobilenet_v1":
         model = build_model(model_cfg)

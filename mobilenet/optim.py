@@ -7,10 +7,8 @@ An implementation is how an algorithm's step runs, from most launches per step t
   npu_fused    torch_npu.optim.NpuFused*: params, grads and state combined into contiguous buffers
   apex_npu_fused  apex.optimizers.NpuFused* (Ascend's apex), whose buffers apex amp combines
   plain        the class's own step, for a class that takes neither foreach nor fused
-``optim.impl=standard`` runs what an unmodified torch optimizer runs on the device (torch chooses
-loop or foreach; ``optim.foreach`` forces one); ``fused`` runs the fused one the device has
-(torch_fused or npu_fused), or apex's under apex amp, as ModelZoo pairs them; where the algorithm
-has no fused kernel, the fewest launches it has (foreach, else its plain step).
+``optim.impl=standard`` runs what an unmodified torch optimizer runs (``optim.foreach`` forces
+one); ``fused`` the device's fused one (apex's under apex amp), else the fewest launches it has.
 """
 import importlib
 import math
@@ -68,17 +66,13 @@ def npu_fused_class(module_name):
 
 @dataclass(frozen=True)
 class Implementation:
-    """How an algorithm's step runs, and what that implies for the rest of the step: the one table.
-    ``build(algorithm, groups, kwargs)``; ``describe``: what runs, after the class's name;
-    ``settings``: the optim.* overrides that select it (compare_optimizers.sh and the benchmarks)."""
+    """How an algorithm's step runs, and what that implies for the rest of the step. ``settings``:
+    the optim.* overrides that select it (compare_optimizers.sh and the benchmarks)."""
     build: Callable
     describe: str
-    grads_to_none: bool      # zero_grad(set_to_none=True); NpuFused* keep the grads in their combined
-                             # buffer and reject it
-    skip_on_device: bool     # the loss scaler's overflow skip stays on the device (torch's fused
-                             # kernels take found_inf); others read the check back to the host
-    compile_step: bool       # under train.compile: the LR held in tensors and optimizer.step compiled
-                             # (not torch_npu's NpuFused*, which manage their own buffers; not under apex)
+    grads_to_none: bool      # zero_grad(set_to_none=True); NpuFused* reject it (combined grads)
+    skip_on_device: bool     # the scaler's overflow skip stays on the device (found_inf)
+    compile_step: bool       # train.compile compiles optimizer.step (not NpuFused*, not under apex)
     settings: tuple = ()
 
 
@@ -100,15 +94,13 @@ SETTINGS = {name: list(impl.settings) for name, impl in IMPLEMENTATIONS.items() 
 
 
 def torch_default_foreach(device):
-    """Whether an unmodified torch optimizer takes the foreach path on this device type: torch's own
-    list (cuda, xpu, ...), which torch_npu patches to include npu on Ascend A2/A3 but not 910A."""
+    """Whether torch's optimizers take foreach here: its list, which torch_npu patches (A2/A3, not 910A)."""
     return device in torch_optimizer._get_foreach_kernels_supported_devices()
 
 
 def choose_implementation(*, name, impl, device, foreach="auto", amp_backend="none"):
-    """The implementation (IMPLEMENTATIONS) for algorithm ``name``, optim.impl ``impl`` (standard or
-    fused), a device type, optim.foreach (auto, True or False; for standard only) and the resolved
-    amp backend (apex amp takes apex's own fused optimizers)."""
+    """The key of IMPLEMENTATIONS for algorithm ``name``, optim.impl, the device type, optim.foreach
+    and the amp backend (apex amp takes apex's fused optimizers)."""
     kernels, npu_fused = ALGORITHMS[name].kernels, ALGORITHMS[name].npu_fused
     if impl == "fused":
         if amp_backend == "apex" and npu_fused:
@@ -129,9 +121,8 @@ def hyperparameters(optim):
 
 
 def check_settings(optim):
-    """A UsageError of one line where the algorithm's class refuses the ``optim`` section's settings
-    together (SGD's nesterov without momentum, or with dampening): its own check, asked once on
-    one tensor, so a row a forker adds is checked as its class checks it."""
+    """One line where the algorithm's class refuses the settings together (SGD's nesterov without
+    momentum): its own check, asked on one tensor, so a new row is checked as its class checks."""
     algorithm, hyper = ALGORITHMS[optim["name"]], hyperparameters(optim)
     try:
         algorithm.torch_class([{"params": [torch.zeros(1, requires_grad=True)],
@@ -147,9 +138,8 @@ NORMS = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.Gro
 
 
 def parameter_decays(net, optim):
-    """The weight decay of each of ``net``'s parameters, in order, from the ``optim`` section, as
-    torchvision's references split them: a parameter named bias takes optim.bias_weight_decay, one
-    of a normalisation layer optim.norm_weight_decay, each where it is given; the rest weight_decay."""
+    """Each parameter's weight decay, as torchvision's references split them: optim.bias_weight_decay
+    for a bias, optim.norm_weight_decay for a norm layer's, each where given; else weight_decay."""
     norm, bias, decays = optim["norm_weight_decay"], optim["bias_weight_decay"], {}
     for module in net.modules():
         for name, param in module.named_parameters(recurse=False):
@@ -168,9 +158,8 @@ def param_groups(params, weight_decay, decays=None):
 
 
 def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight_decay=0.0, decays=None, **hyper):
-    """Algorithm ``name`` in ``implementation`` (IMPLEMENTATIONS) over ``params`` (a module or
-    tensors); ``decays``: each one's weight decay (parameter_decays). ``hyper``: the algorithm's own
-    settings (momentum, nesterov, betas, eps, alpha)."""
+    """Algorithm ``name`` in ``implementation`` over ``params`` (a module or tensors); ``hyper``: its
+    own settings."""
     algorithm = ALGORITHMS[name]
     unknown = hyper.keys() - algorithm.hyperparameters.keys()
     if unknown:
@@ -184,17 +173,16 @@ def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight
 
 
 def hold_lr_in_tensors(optimizer):
-    """Each group's LR as a 0-dim tensor on its parameters' device, in their dtype, which the LR scheduler then
-    updates in place: a compiled optimizer step reads it instead of baking a float into its code
-    and recompiling at every change (torch's recipe for compiled optimizers)."""
+    """Each group's LR as a 0-dim tensor the scheduler updates in place: a compiled step reads it
+    instead of recompiling at every change (torch's recipe)."""
     for group in optimizer.param_groups:
         first = group["params"][0]
         group["lr"] = torch.tensor(float(group["lr"]), device=first.device, dtype=first.dtype)
 
 
 def plain_numbers(state):
-    """``state`` (an optimizer's or scheduler's state dict) with its one-element tensors outside
-    the per-parameter state as floats, as an eager run writes them: checkpoints load either way."""
+    """A state dict's one-element tensors outside the per-parameter state as floats, as eager runs
+    write them."""
     def plain(value):
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             return value.item()
@@ -207,8 +195,7 @@ def plain_numbers(state):
 
 
 def describe_optimizer(name, implementation, impl="standard"):
-    """What runs, for the log and summary.json: e.g. 'SGD (fused kernel)'; under optim.impl=fused,
-    what it runs where the algorithm has no fused kernel."""
+    """What runs, for the log and summary.json: e.g. 'SGD (fused kernel)'."""
     algorithm = ALGORITHMS[name]
     what = IMPLEMENTATIONS[implementation].describe
     if implementation in ("npu_fused", "apex_npu_fused"):
@@ -219,12 +206,10 @@ def describe_optimizer(name, implementation, impl="standard"):
     return f"{cls} ({what})"
 
 
-# The LR schedules (schedule.name), the fourth table: a row's ``factor(step, steps_per_epoch, total, s)``
-# is the multiplier of the base LR at ``step`` after the warm-up (``s``: the schedule section, its
-# min_lr as a share of the base LR), and its settings are its own, as an algorithm's. A row must be
-# a closed form of the step: a resume moves the schedule to a step by that step alone (schedule_at),
-# so a scheduler that keeps state of its own between steps (torch's StepLR and the like, stepped in
-# place) would go on from a wrong LR after a resume. tests/test_optim.py resumes every row.
+# The LR schedules (schedule.name): a row's ``factor(step, steps_per_epoch, total, s)`` multiplies the
+# base LR after the warm-up (``s``: the section, min_lr as a share of the LR). A row must be a
+# closed form of the step: a resume moves the schedule by the step alone (schedule_at), so a stateful
+# scheduler (torch's StepLR) would go on from a wrong LR. tests/test_optim.py resumes every row.
 @dataclass(frozen=True)
 class Schedule:
     factor: Callable
@@ -251,10 +236,9 @@ WARMUP = {"warmup_epochs": Setting(0.0, "[0, inf)"), "warmup_start_factor": Sett
 
 
 def lr_factor_fn(schedule, steps_per_epoch, epochs, base_lr):
-    """Multiplier of the base LR at each iteration: the warm-up over warmup_epochs (linear from
-    warmup_start_factor, or constant at it), then the row of SCHEDULES ``schedule['name']``; under
-    per_epoch, each epoch's first step's. The step schedule counts its steps from the run's first
-    (torchvision's references count from the warm-up's end), cosine from the warm-up's end."""
+    """The base LR's multiplier at each step: the warm-up, then the schedule's row (under per_epoch,
+    each epoch's first step's). step counts from the run's start (the references: from the
+    warm-up's end), cosine from the warm-up's end."""
     warmup, start = round(schedule["warmup_epochs"] * steps_per_epoch), schedule["warmup_start_factor"]
     row, s = SCHEDULES[schedule["name"]], {**schedule, "min_lr": schedule["min_lr"] / base_lr}
     total = epochs * steps_per_epoch

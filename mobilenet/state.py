@@ -1,11 +1,5 @@
-"""The run's training state: its position, its LR schedule and its checkpoint.
-
-``TrainingState`` owns the TrainStep (mobilenet/training.py), the per-iteration LR
-schedule, the position (epoch, epoch_step, global_step, best top-1, finished) and each rank's
-random generators at the first step; ``state_dict()`` is the checkpoint (checkpoint.KEYS) and
-``load_state_dict()`` takes one back. Whether a checkpoint may be resumed, and how, is
-mobilenet/resume.py's.
-"""
+"""The run's training state: the step, its position, its LR schedule and its checkpoint (whether a
+checkpoint may be resumed, and how, is mobilenet/resume.py's)."""
 import hashlib
 
 import torch
@@ -18,13 +12,10 @@ from mobilenet.training import build_train_step
 
 
 class TrainingState:
-    """The TrainStep (``step``, built here), the LR schedule over ``steps_per_epoch`` steps an epoch,
-    and the run's position: ``epoch`` (epochs completed), ``epoch_step`` (batches done in the epoch
-    under way), ``global_step`` (steps trained since the run began: counted, so an epoch skipped on
-    a resume renumbers nothing), the best top-1, ``awaiting_validation`` (the last step ended an
-    epoch, or the run, not yet validated) and ``resumed_at`` (the global step a resumed run goes on
-    after; None for a fresh run). ``records``: what the checkpoint says the run was (the config as
-    plain data, the data records)."""
+    """The TrainStep (``step``), the LR schedule and the position: ``epoch`` (epochs completed),
+    ``epoch_step`` (steps done in the one under way), ``global_step`` (steps trained: counted, so
+    a skipped epoch renumbers nothing), ``awaiting_validation``, ``resumed_at`` (None: a fresh run).
+    ``records``: the config and data records a checkpoint holds."""
 
     def __init__(self, cfg, device, steps_per_epoch, *, rank=0, records=None):
         self.cfg, self.device, self.steps_per_epoch, self.rank = cfg, device, steps_per_epoch, rank
@@ -39,16 +30,14 @@ class TrainingState:
         self.records = records or {"config": None, "data": None}
 
     def start_random_states(self):
-        """This rank's random generators as the position says (before the first step): whatever
-        the process drew from them before (another run, a cost estimate) changes no draw."""
+        """This rank's random generators as the position says, whatever drew from them before."""
         if isinstance(self.rng_start, int):
             torch.manual_seed(self.rng_start)
         else:
             set_rng_states(self.rng_start, self.device)
 
     def train_on(self, batches, after_each=lambda: None):
-        """One optimizer step over ``batches`` (this rank's virtual ranks' forwards) and the
-        schedule's; returns the loss (on the device)."""
+        """One optimizer step over ``batches`` and the schedule's; returns the loss (on the device)."""
         loss = self.step.accumulated(batches, after_each, epoch=self.epoch, step=self.epoch_step,
                                      first_rank=self.rank * len(batches),
                                      ema_due=self.epoch_step % self.cfg["train"]["ema_steps"] == 0)
@@ -82,9 +71,7 @@ class TrainingState:
         return self.epoch_step < self.steps_per_epoch and not self.finished
 
     def validated(self, top1, scored):
-        """After an epoch's validation: the best top-1 kept and, when the epoch is whole, the next
-        one begun (one that train.max_steps cut short stays where it is). Returns whether it is a
-        new best."""
+        """After validation: the best top-1 kept, the next epoch begun if this one is whole; a new best?"""
         self.awaiting_validation = False
         if self.epoch_step == self.steps_per_epoch:
             self.epoch, self.epoch_step = self.epoch + 1, 0
@@ -93,21 +80,18 @@ class TrainingState:
         return is_best
 
     def move_to(self, epoch, epoch_step=0):
-        """The position ``epoch``, ``epoch_step``, and the schedule's LR of its step (in this run's
-        steps an epoch, which another global batch changes)."""
+        """The position, and the schedule's LR of its step in this run's steps an epoch."""
         self.epoch, self.epoch_step = epoch, epoch_step
         schedule_at(self.scheduler, epoch * self.steps_per_epoch + epoch_step)
 
     def continue_at(self, epoch, best_top1):
-        """Goes on from the start of ``epoch`` with ``best_top1`` (a checkpoint without our position:
-        the LR of that epoch's first step, the random generators seeded for it)."""
+        """From the start of ``epoch`` (a checkpoint without our position), generators seeded for it."""
         self.move_to(epoch)
         self.best_top1, self.global_step = best_top1, epoch * self.steps_per_epoch
         self.rng_start = training_seed(self.cfg["seed"], self.rank, self.global_step)
 
     def state_dict(self, every_rank_rng=True):
-        """The checkpoint (checkpoint.KEYS). ``rng``: every rank's random generators, by rank (a
-        collective: every rank calls it at once); without ``every_rank_rng``, this rank's alone."""
+        """The checkpoint (checkpoint.KEYS); ``rng``: every rank's generators (a collective)."""
         step = self.step
         rng = every_rank(rng_states(self.device)) if every_rank_rng else [rng_states(self.device)]
         return {"arch": self.cfg["model"]["name"], "epoch": self.epoch, "epoch_step": self.epoch_step,
@@ -120,15 +104,12 @@ class TrainingState:
                 "ema": step.ema.state_dict() if step.ema is not None else None, **self.records}
 
     def load_weights(self, checkpoint, path="checkpoint"):
-        """The weights of ``checkpoint`` (ours, ModelZoo's or a weights file) into the network (and
-        the O2 masters)."""
+        """The weights of ``checkpoint`` (ours, ModelZoo's, a weights file), O2's masters too."""
         load_weights(self.step.net, checkpoint, path, self.cfg["model"]["name"])
         self.step.precision.load_weights(unwrap_state_dict(checkpoint))
 
     def load_state_dict(self, checkpoint):
-        """All but the weights of a training checkpoint: the optimizer, the precision, the EMA, the
-        schedule and the position (its LR in this run's steps). Returns notes: this run's settings
-        where the checkpoint had others."""
+        """All but the weights of a checkpoint; returns notes where this run's settings differ."""
         step = self.step
         notes = self.load_optimizer(checkpoint["optimizer"])
         notes += step.precision.load_state_dict(checkpoint.get("amp") or {})
@@ -149,10 +130,8 @@ class TrainingState:
         return notes
 
     def load_optimizer(self, saved):
-        """``saved`` (an optimizer state dict) into the optimizer, whose settings stay this run's
-        (torch's load_state_dict takes the checkpoint's: its momentum, weight decay, its foreach or
-        fused flag, its LR; the LR is the schedule's). Returns a note for each optim.* setting the
-        checkpoint had another value of."""
+        """An optimizer state dict, the settings staying this run's (torch's load takes the saved
+        ones); a note for each optim.* setting the checkpoint had another value of."""
         optimizer = self.step.optimizer
         own = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
         optimizer.load_state_dict(saved)
@@ -170,14 +149,12 @@ class TrainingState:
 
 
 def training_seed(seed, rank, global_step):
-    """The seed of ``rank``'s random generators for training from ``global_step`` where no state of
-    them was saved: a stream of its own per (seed, rank, step), apart from the initial weights'."""
+    """A seed of its own per (seed, rank, step), where no generator state was saved."""
     return int.from_bytes(hashlib.sha256(f"train {seed} {rank} {global_step}".encode()).digest()[:8], "little")
 
 
 def rank_rng(saved, rank):
-    """``rank``'s states among a checkpoint's (a list by rank; a checkpoint written before every
-    rank's were kept holds rank 0's alone), or None where it holds none of that rank."""
+    """``rank``'s states among a checkpoint's (older ones hold rank 0's alone), or None."""
     states = [saved] if isinstance(saved, dict) else saved
     return states[rank] if rank < len(states) else None
 

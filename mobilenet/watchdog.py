@@ -1,15 +1,8 @@
-"""The stall watchdog (train.stall_timeout): a process that makes no progress (a training step, a
-validation batch, a save) for that many seconds ends with one line that names what it waits for
-(the rank that stopped making steps, or a loader worker and the file it has open) and exit 1; the
-checkpoints written before stay valid and a resume continues from them. It also ends the process
-at a second stop signal, wherever the main thread is blocked.
-
-torch's own timeouts name no culprit (a collective's fires in every waiting rank; a DataLoader
-waits for a stuck worker forever). So daemon threads publish this process's (step, time) through
-torch.distributed's store (the loop writes two numbers), check the time and on a stall read the
-others' progress (guarded: the store's host may be the one that hangs), and read the signal
-wake-up pipe, which the C-level handler writes at once (Python's handlers wait for the main thread).
-"""
+"""The stall watchdog (train.stall_timeout): a process without progress (a step, a validation
+batch, a save) that long ends, exit 1, in one line naming what it waits for (a rank, or a loader
+worker and its open file); it also ends the process at a second Ctrl-C, wherever it is blocked.
+torch's own timeouts name no culprit, so daemon threads publish each rank's progress through
+torch.distributed's store and read the signal wake-up pipe, which C writes at once."""
 import contextlib
 import multiprocessing
 import os
@@ -29,14 +22,9 @@ VERDICT = "mobilenet/stalled/{}"  # what a rank that ended on a stall found: the
 
 
 class Watchdog:
-    """``beat(step)`` after each unit of progress; ``waiting_for`` names what the loop waits for
-    ("data" while training waits for a batch, "val-data" while validation does, "save" while a
-    file is written). Off when ``timeout`` is 0; the timer starts at the first beat (so start-up
-    and compiling steps, which do not beat, are not timed).
-
-    A stopped process (SIGSTOP, Ctrl-Z, Slurm's suspend) is not a stalled one: its checking thread
-    wakes far past its time and starts the timer again, as for a rank that waits for a peer that
-    makes progress. The threads never raise: what fails in them is said, or ignored."""
+    """``beat(step)`` after each unit of progress; ``waiting_for``: "data", "val-data" or "save".
+    Off at ``timeout`` 0; timed from the first beat. A paused process (SIGSTOP, Slurm's suspend)
+    is not a stalled one: its thread wakes late and starts the timer again. The threads never raise."""
 
     def __init__(self, timeout, world, data_path, checkpoints):
         self.timeout, self.world = timeout, world
@@ -88,8 +76,7 @@ class Watchdog:
         self.last = time.monotonic()
 
     def publish(self):
-        """From the first beat on: this rank's progress within POLL_S of a beat (the first at once:
-        a fast run can stop within seconds), and that it is alive every PUBLISH_EVERY_S."""
+        """This rank's progress within POLL_S of a beat, and that it is alive every PUBLISH_EVERY_S."""
         store, published, said = default_store(), None, 0.0
         while store is not None and not self.stopped.wait(POLL_S):
             last = self.last
@@ -122,8 +109,7 @@ class Watchdog:
         return max(self.last, self.timer_from or self.last)
 
     def fire(self):
-        """Ends the process with the line that says what it waits for, unless that is a peer that
-        makes progress (then the timer starts again)."""
+        """Ends the process with the line that says what it waits for, unless a peer makes progress."""
         try:
             cause = self.cause()
         except Exception as e:  # noqa: BLE001  never a thread's traceback; the line still goes out
@@ -140,8 +126,7 @@ class Watchdog:
         end_process(line, EXIT_FAILURE)
 
     def cause(self):
-        """What this process waits for, as far as it can tell; None when that is a peer that makes
-        progress (this rank is not stalled, it waits for a slower one)."""
+        """What this process waits for; None when that is a peer that makes progress."""
         if self.waiting_for == "save":
             return (f"it is writing {self.saving} and the write does not return (a hung or very slow "
                     f"file system?)")
@@ -153,10 +138,8 @@ class Watchdog:
 
 
 def end_on_second_interrupt(wakeup_read, stopped):
-    """The second SIGINT (Ctrl-C) ends the process now, in one line; the first asks for a stop.
-    Only SIGINT: a SIGTERM often arrives twice for one request (Slurm signals every process of
-    the step and torchrun passes its own on), and must still let the run save; a SIGINT within
-    1 s of the first counts as the same request."""
+    """A second SIGINT (not within 1 s of the first) ends the process now. Not SIGTERM: Slurm and
+    torchrun often deliver one request twice, and the run must still save."""
     first = None
     while True:
         try:
@@ -176,11 +159,9 @@ def end_on_second_interrupt(wakeup_read, stopped):
                                 echo=not os.environ.get(ERROR_DIR))
 
 
-
 def peer_cause(world, step, timeout):
-    """What a rank of several that makes no progress waits for, from the ranks' reports in the job's
-    store (one read, then another after 2.5 reports' time); None when that is a peer that makes
-    progress."""
+    """What a stalled rank of several waits for, from two reads of the ranks' reports; None when a
+    peer makes progress."""
     verdict = read_verdict(world.size)
     if verdict:
         return verdict
@@ -227,8 +208,7 @@ def default_store():
 
 
 def with_store(action):
-    """``action(store)``'s result, or None when there is no store or it does not answer within
-    STORE_ANSWER_S (run in a thread of its own: a stopped host would block it for good)."""
+    """``action(store)`` in a thread (a stopped host blocks it), or None after STORE_ANSWER_S."""
     store, box = default_store(), []
 
     def call():
@@ -245,8 +225,7 @@ def with_store(action):
 
 
 def read_progress(size):
-    """{rank: (step, when it was made, when the rank last said it is alive, what it waits for)} that the ranks
-    published (unix times), or None if the store does not answer."""
+    """{rank: (step, made at, alive at, waiting for)} as published, or None: no answer."""
     def read(store):
         found = {}
         for rank in range(size):
@@ -268,8 +247,7 @@ def read_verdict(size):
 
 
 def describe_workers(data_path):
-    """The loader workers that do not run (stopped, or waiting on the disk) and the data files
-    they have open, from /proc."""
+    """The loader workers that do not run and the data files they have open, from /proc."""
     states = {"T": "stopped", "t": "stopped", "D": "waiting on the disk", "Z": "dead"}
     found = []
     for child in multiprocessing.active_children():
@@ -303,9 +281,8 @@ def open_files(pid, data_path):
 
 
 def kill_loader_workers():
-    """SIGKILL to this process's loader workers (the run is ending): a stopped one ignores SIGTERM,
-    and Python's exit would wait for it forever. torch's SIGCHLD handler, which reports a worker's
-    death as an error, is set aside first (from the main thread; elsewhere the process ends at once)."""
+    """SIGKILL to the loader workers (a stopped one ignores SIGTERM and Python's exit waits for it),
+    torch's SIGCHLD handler set aside first."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for child in multiprocessing.active_children():
@@ -316,8 +293,7 @@ def kill_loader_workers():
 
 
 def end_process(line, code, echo=True):
-    """Says ``line`` (and leaves it for the launcher), then ends this process and its workers at
-    once: the main thread may be blocked in C (a collective, a queue) where nothing else reaches it."""
+    """Says ``line`` (for the launcher too), then ends the process and its workers at once."""
     report(line, code, echo=echo)
     kill_loader_workers()
     os._exit(code)
