@@ -1,11 +1,11 @@
-"""Where the data comes from: the table of the kinds of data.path (SOURCES: synthetic images, the
-bundled digits, a prepared set, else an ImageFolder), each giving its datasets, counts, recipe and
-the settings it takes; the crops a config asks for; data.workers and data.decode auto. A new kind
-of image needs a dataset class with ``record_lines()``, ``__len__``, ``classes`` and
-``unreadable`` (a flag per file found unreadable), as ImageSamples and SyntheticImages have."""
+"""Where the data comes from: the table of the kinds of data.path (SOURCES), the crops a config
+asks for, data.workers and data.decode auto. A source's dataset class has ``record_lines()``,
+``__len__``, ``classes`` and ``unreadable`` (a flag per file), as ImageSamples has."""
 import itertools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +23,12 @@ from mobilenet.errors import UsageError
 
 @dataclass(frozen=True)
 class Source:
-    """``claims(path)``: whether data.path ``path`` is of this source, by what it is (no source's
-    place in the table matters; the one ``fallback`` source takes the paths none claims, and has no
-    claims); ``datasets(path, data, model, crops)``: (train, val), ``crops`` the (train, val)
-    transforms; ``train_images(path, data, limit)``: counted up to ``limit``; ``decoded_bytes(path)``:
-    one training image's, decoded (estimated); ``recipe``: configs/NAME.yaml; ``takes``: the data.*
-    settings of DATA_OPTIONAL it takes (the rest is said and ignored); ``example(folder)``: a small
-    instance of it made in ``folder``, as its data.path (every row trains from one in the tests);
-    ``preparable``: scripts/prepare_data.py can make a prepared set of it (the data-wait advice)."""
+    """``claims(path)``: whether data.path is of this source (the ``fallback`` takes what none
+    claims); ``datasets(path, data, model, crops)``: (train, val); ``train_images(path, data,
+    limit)``: counted up to ``limit``; ``decoded_bytes(path)``: an image's, estimated; ``recipe``:
+    configs/NAME.yaml; ``takes``: its settings of DATA_OPTIONAL; ``example(folder)``: a small one
+    made there, its data.path (every row trains from one in the tests); ``preparable``: by
+    scripts/prepare_data.py."""
     claims: Callable
     datasets: Callable
     train_images: Callable
@@ -110,9 +108,11 @@ def digits_root():
 
 
 def prepared_example(folder):
-    """The digits, prepared (scripts/prepare_data.py) into ``folder``/prepared."""
+    """The digits, prepared by scripts/prepare_data.py into ``folder``/prepared."""
     destination = Path(folder) / "prepared"
-    prepared.prepare(digits_root(), destination, say=lambda line, end="\n": None, workers=1)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "prepare_data.py"
+    subprocess.run([sys.executable, str(script), str(digits_root()), str(destination), "--workers", "1"],
+                   check=True, capture_output=True)
     return str(destination)
 
 
@@ -149,8 +149,7 @@ def source_of(path):
 
 
 def crops(data, model, augment):
-    """(train, val) transforms: the train crop at data.train_resolution (auto: model.resolution),
-    with the augment section's policy and random erasing after it (data/augment.py) where given."""
+    """(train, val) transforms: the train crop, then the augment section's policy and erasing."""
     train_side = model["resolution"] if data["train_resolution"] == "auto" else data["train_resolution"]
     train = TrainCrop(train_side, scale=(data["min_scale"], 1.0), hflip=data["hflip"], mode=data["interpolation"])
     if augment["policy"] != "none" or augment["random_erase"]:
@@ -159,8 +158,7 @@ def crops(data, model, augment):
 
 
 def build_datasets(data, model, augment, decode="workers"):
-    """(train, val) datasets for ``data.path``. ``decode``: derived.decode (device: the workers hand
-    baseline JPEGs over still encoded)."""
+    """(train, val) datasets for ``data.path``; under device decode the workers hand JPEGs over."""
     transforms = crops(data, model, augment)
     if decode == "device":
         from mobilenet.data.device_decode import ScreenedCrop  # imported only then
@@ -169,19 +167,14 @@ def build_datasets(data, model, augment, decode="workers"):
 
 
 def train_images(data, limit):
-    """The images of data.path's training set, counted up to ``limit`` (a run's length, estimated;
-    none without a path: building its datasets says so)."""
+    """The images of data.path's training set, counted up to ``limit`` (0 without a path)."""
     return source_of(data["path"]).train_images(data["path"], data, limit) if data["path"] is not None else 0
 
 
 def choose_decode(setting, device_type, *, workers, card=0, probe=True, per_sample=""):
-    """('workers' or 'device', why) for data.decode ``setting``; ``per_sample``: the augmentation
-    that runs in the workers (augment.per_sample), which only workers take. auto: device on cuda when a probe
-    decodes baseline JPEGs on the process's card to the workers' pixels and faster than its
-    loader's ``workers`` decode them on the host (mobilenet.data.device_decode.decode_choice), else
-    workers: on cpu and npu always (the npu has no batched decode here).
-    ``probe=False`` (the launcher's own check): no probe, no card touched; the training processes
-    decide."""
+    """('workers' or 'device', why) for data.decode ``setting``; ``per_sample``: augmentation only the
+    workers run. auto: device on cuda where a probe on the card decodes the workers' pixels faster
+    than ``workers`` do; ``probe=False`` (the launcher's check) touches no card."""
     if setting == "device" and per_sample:
         raise UsageError(f"data.decode=device crops on the device, which takes no {per_sample}; use "
                          f"data.decode=workers (or auto) with them")
@@ -201,11 +194,9 @@ SYNTHETIC_WORKERS = 4  # random images are only collated; more workers only add 
 
 
 def auto_workers(data, processes, cores=None):
-    """data.workers auto for the ``data`` config section: none when data.cache_mb holds the whole
-    training set decoded (what is left per image, a crop and a resize, costs less than a worker's
-    hand-over of it: the demo in docs/performance.md), else this process's share of the usable
-    cores (divided among the node's ``processes``) less one for the process itself, which feeds the device; synthetic
-    images need SYNTHETIC_WORKERS at most."""
+    """data.workers auto: none when data.cache_mb holds the training set decoded (a crop costs less
+    than a worker's hand-over: docs/performance.md), else this process's share of the usable
+    cores less one for itself; SYNTHETIC_WORKERS at most for synthetic images."""
     source = source_of(data["path"]) if data["path"] is not None else SOURCES["folder"]
     if data["cache_mb"] and source is not SOURCES["synthetic"] and data["path"] is not None:
         per_image = source.decoded_bytes(data["path"])
@@ -221,10 +212,8 @@ DIGITS_TRAIN_IMAGES = 1437  # of the 1,797, with build_digits' val_fraction 0.2
 
 
 def build_digits(root=DIGITS_ROOT, size=32, val_fraction=0.2, seed=0):
-    """Writes scikit-learn's 1,797 handwritten digits (real scans, 8x8) as an ImageFolder of JPEGs.
-
-    Stratified train/val split; built in a temporary folder and renamed, so it is never partial.
-    """
+    """scikit-learn's 1,797 handwritten digits (8x8 scans) as an ImageFolder of JPEGs, split
+    stratified, built in a temporary folder and renamed (never partial)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
