@@ -1,9 +1,5 @@
-"""Checkpoints: their keys (KEYS, the one definition), atomic writes of independent files, safe
-loading, and the lock that keeps one live run per run directory.
-
-The dict uses the Ascend ModelZoo keys (epoch, arch, state_dict, best_prec1, optimizer), so our
-files and theirs load through the same code; ours add the rest of KEYS.
-"""
+"""Checkpoints: their keys (KEYS: ModelZoo's, so theirs load through the same code, and ours),
+atomic writes, safe loading, and the lock that keeps one live run per run directory."""
 import contextlib
 import fcntl
 import io
@@ -72,10 +68,8 @@ def serialize(obj):
 
 
 def save_atomic(data, path, what="the checkpoint"):
-    """Writes ``data`` (bytes, or an object to torch.save) to ``path`` through a temporary file,
-    fsync and rename: a crash at any moment leaves the old file or the new one. An OS error (a
-    full disk, say) removes the temporary file and is a TrainingFailure naming the file and the
-    cause; the previous file stays. Checkpoints and summary.json are written so."""
+    """``data`` (bytes, or an object to torch.save) to ``path`` through a temporary file, fsync and
+    rename; an OS error (a full disk) is a TrainingFailure, the previous file kept."""
     path = Path(path)
     data = data if isinstance(data, bytes) else serialize(data)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -201,9 +195,8 @@ def remove_temporaries(run_dir):
 
 
 class RunLock:
-    """An exclusive lock (flock) on ``run_dir``/.lock while a run uses the directory: a second live
-    run on it stops with a UsageError. The OS releases the lock when its process ends, however it
-    ends, so the lock of a dead run is simply taken over."""
+    """An flock on ``run_dir``/.lock: a second live run stops with a UsageError; a dead run's goes
+    with its process."""
 
     def __init__(self, run_dir):
         self.run_dir = Path(run_dir)
@@ -239,9 +232,8 @@ class RunLock:
 
 @contextlib.contextmanager
 def claim_run_directory(run_dir, *, resume, start_over, claim=True):
-    """The run directory's lock, held for the whole run (by rank 0: ``claim``), with the temporary
-    files of saves that a crash interrupted removed; a directory that holds a run is not trained
-    over unless the run resumes it or starts over (which removes its files)."""
+    """The run directory's lock for the run (rank 0: ``claim``), crashed saves' temporaries removed;
+    a run in it is trained over only by a resume or a start over."""
     if not claim:
         yield
         return

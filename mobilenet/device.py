@@ -88,9 +88,8 @@ def describe(device):
 
 
 def compile_backend(device_type):
-    """torch.compile's {backend, mode} for a device type (train.compile): inductor with CUDA graphs
-    on cuda (the step's launches collapse into one replay), inductor's C++ code on cpu (needs a
-    C++ compiler), torch_npu's torchair on npu; a UsageError where that is missing."""
+    """torch.compile's {backend, mode}: inductor with CUDA graphs on cuda, inductor on cpu (a C++
+    compiler), torchair on npu; a UsageError where that is missing."""
     if device_type == "cuda":
         return {"backend": "inductor", "mode": "reduce-overhead"}
     if device_type == "npu":
@@ -128,13 +127,9 @@ def choose_compile(setting, device_type, *, steps, batch, cost, eager_only=None,
 
 
 def auto_compile(setting, device_type, *, steps, batch, cost, eager_only=None):
-    """(torch.compile's {backend, mode} or None, why) for train.compile ``setting`` (auto, true,
-    false), the one home of that decision. auto: on for cuda when compiling is at most
-    COMPILE_MAX_SHARE of the run, whose eager time is estimated from ``steps(limit)`` (the run's
-    steps, counted up to ``limit``: a long run's figure is a lower bound), ``batch`` and the model's
-    ``cost()`` (model.relative_cost, asked only here); off on cpu (measured slower), on npu (torchair
-    has not run here) and where
-    ``eager_only`` names what needs the eager step."""
+    """({backend, mode} or None, why) for train.compile. auto: on for cuda when compiling is at most
+    COMPILE_MAX_SHARE of the run's estimated eager time (``steps``, ``batch``, ``cost()``); off on
+    cpu (measured slower), on npu (unrun) and where ``eager_only`` names what needs eager."""
     if setting is not True and setting != "auto":
         return None, "off (train.compile=false)"
     if setting is True:

@@ -36,11 +36,9 @@ def world_from_env():
 
 
 def init_process_group(world, device, stall_timeout=0):
-    """hccl on npu, nccl on cuda, gloo on cpu; nothing for a world of one. With a stall watchdog
-    (train.stall_timeout) a collective times out after twice its time and a minute: the watchdog
-    names the culprit first, the timeout is the backstop (start-up waits count too). Processes
-    started without torchrun (ModelZoo's --distributed) say whom they wait for and how long; a
-    failed meeting is one line."""
+    """hccl on npu, nccl on cuda, gloo on cpu; none for a world of one. A collective times out at
+    twice the stall timeout and a minute (the watchdog names the culprit first); a failed meeting
+    is one line."""
     if world.size > 1 and not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         wait = 2 * stall_timeout + 60 if stall_timeout > 0 else DEFAULT_WAIT_S
@@ -62,12 +60,9 @@ joined = False  # whether this process was in a process group (exit_process)
 
 
 def exit_process(code):
-    """Ends the process with ``code`` once the run has said and written everything. A process that
-    was in a process group leaves without the interpreter's teardown, in which torch's C++ threads
-    of the group can abort it ("terminate called without an active exception", pytorch/pytorch
-    #190489): seen here now and then at the end of 2-process runs that had ended well. What the
-    teardown would still do is done first: unreachable objects collected (files they hold closed),
-    the output flushed."""
+    """Ends the process with ``code``, after a process group without the interpreter's teardown, in
+    which torch's C++ threads can abort it (pytorch/pytorch#190489); garbage collected and output
+    flushed first."""
     if not joined:
         sys.exit(code)
     gc.collect()
@@ -106,9 +101,7 @@ def wrap_ddp(model, world_size, device):
 
 @functools.cache
 def host_group():
-    """A gloo group for small reductions of cpu tensors (the stop flag), which synchronise the
-    processes but not the devices; the default group where that is gloo already. Every rank must
-    call it first at the same point."""
+    """A gloo group for small host reductions (the stop vote); every rank calls it first at one point."""
     if dist.get_backend() == "gloo":
         return None
     return dist.new_group(backend="gloo")
@@ -126,16 +119,12 @@ def any_rank(*flags):
 
 
 def any_rank_restarted(world):
-    """Whether this is a torchrun restart on any rank. torchrun counts restarts per node agent: a
-    node whose own workers did not fail restarts them with the count unchanged when another node's
-    failed, so every rank must ask all the others."""
+    """Whether this is a torchrun restart on any rank (torchrun counts restarts per node)."""
     return any_rank(world.restart > 0)
 
 
 def from_rank0(compute):
-    """``compute()`` on rank 0, its result on every rank (pickled, through the host group), so all
-    ranks act on one decision and only rank 0 needs the files; a UsageError or TrainingFailure
-    raised there is raised on every rank (none waits for the others)."""
+    """``compute()`` on rank 0, its result (or its UsageError or TrainingFailure) on every rank."""
     if not (dist.is_available() and dist.is_initialized()):
         return compute()
     box = [None]
@@ -167,9 +156,7 @@ def is_distributed():
 
 @torch.no_grad()
 def broadcast_from_rank0(tensors):
-    """Rank 0's values into ``tensors`` on every rank (one broadcast per dtype); a no-op in a world
-    of one. For state that must be equal everywhere and that DDP does not keep so: the network
-    before the O2 masters are cloned from it, BatchNorm statistics before validation and saves."""
+    """Rank 0's values into ``tensors`` on every rank, one broadcast per dtype."""
     if not is_distributed():
         return
     by_dtype = {}
@@ -188,9 +175,8 @@ BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
 
 
 def checksum(value, device):
-    """The int64 sum of ``value``'s bit patterns (a tensor or a number), each weighted by its
-    position (1, 2, 3, ...; wrapping at 2**64): equal tensors give equal sums; one changed bit (a
-    diverged rank, a memory fault), two elements swapped, or a sign flipped in two places changes it."""
+    """The int64 sum of ``value``'s bit patterns weighted by position: one changed bit, two swapped
+    elements or two flipped signs change it."""
     if not isinstance(value, torch.Tensor):
         value = torch.tensor(float(value), dtype=torch.float64)
     bits = value.detach().to(device).contiguous().reshape(-1).view(BITS[value.element_size()])
@@ -199,9 +185,8 @@ def checksum(value, device):
 
 
 def first_disagreement(named, device):
-    """None when every rank holds the same ``named`` state ([(name, tensor or number)], in the same
-    order on every rank), else (name, [ranks that differ from rank 0]) of the first that differs.
-    One all_gather of a checksum per tensor; every rank reaches the same answer."""
+    """None when every rank holds the same ``named`` state, else (name, [ranks that differ from rank
+    0]) of the first that differs; one all_gather of checksums."""
     if not is_distributed():
         return None
     sums = torch.stack([checksum(value, device) for _, value in named])

@@ -1,10 +1,6 @@
-"""The app's kinds of failure, their exit codes, and how a command line reports them.
-
-UsageError: the user's input is wrong (exit 2). TrainingFailure: the run cannot go on, what was
-saved stays valid (exit 1). Both are one ``error: ...`` line; anything else is a bug: one line
-naming the file with its traceback, exit 1. A signal with nothing to save ends the process in one
-line, exit 128 + its number (a run stopped by a signal saves and exits 0).
-"""
+"""The app's kinds of failure and their exit codes, each one line: UsageError (exit 2),
+TrainingFailure (exit 1, what was saved stays valid), a bug (exit 1, the line names its traceback's
+file), a signal with nothing to save (128 + its number)."""
 import contextlib
 import os
 import signal
@@ -35,9 +31,8 @@ class TrainingFailure(Exception):
 
 
 def exit_at_once(signum, frame):
-    """A stop signal where no training run handles it (start-up: imports, the config, the data
-    scan): nothing to save, so the process ends now, in one line. Not an exception: one raised in
-    the middle of an import leaves that module half-built and surfaces as another error."""
+    """A stop signal before the run handles them: nothing to save, so the process ends now (not an
+    exception, which would leave an import half-built)."""
     name = signal.Signals(signum).name
     for path in list(TEMPORARIES):
         with contextlib.suppress(OSError):
@@ -54,11 +49,9 @@ def stop_signals():
 
 
 def exit_code(action, run_dir=lambda: None, ending=False):
-    """Runs ``action()`` and returns the process's exit code, reporting any failure in one line.
-    ``run_dir()``: where a bug's traceback goes (the temporary folder while it is None). A signal
-    that no training run handles (during start-up) ends it in one line with 128 + the signal's number.
-    ``ending``: the process ends after this, so a late stop signal is ignored from here on (a second
-    SIGTERM must not turn a saved run's exit code into 143), not given back its default."""
+    """``action()``'s exit code, any failure reported in one line; ``run_dir()``: where a bug's
+    traceback goes. ``ending``: a late stop signal is then ignored (143 must not replace a saved
+    run's 0)."""
     previous = {s: signal.signal(s, exit_at_once) for s in stop_signals()}
     try:
         action()
@@ -98,9 +91,7 @@ def peer_left(error):
 
 
 def report(line, code, echo=True):
-    """Prints ``line`` to stderr (if any, ``echo`` and it still can) and, under the launcher,
-    leaves it and ``code`` for it; returns ``code``. (Under the launcher a signal's line is left to
-    it: every worker gets the signal, the user needs the line once.)"""
+    """Prints ``line`` (with ``echo``) and, under the launcher, leaves it and ``code`` for it."""
     try:
         if line and echo:
             print(line, file=sys.stderr, flush=True)

@@ -35,10 +35,8 @@ def main(argv=None):
 
 
 def import_torchrun():
-    """torch.distributed.run, with torch's C++ warnings off in this process unless
-    TORCH_CPP_LOG_LEVEL says otherwise: here they come from the rendezvous store (a connection that
-    closed as a node left, with C++ frames), which the launcher's last line explains. The level is
-    read as torch loads, so the workers, which take the environment as it was, keep theirs."""
+    """torch.distributed.run, torch's C++ warnings off in this process (the rendezvous store's, as
+    a node leaves, which the last line explains) unless TORCH_CPP_LOG_LEVEL is set; workers keep theirs."""
     user = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = user or "ERROR"
     try:
@@ -121,10 +119,8 @@ def launch(torchrun, args, errors):
 
 
 class QuietEnding(logging.Filter):
-    """Leaves out torchrun's logs of a job's ending that the launcher's last line says better: the
-    exit barrier and the rendezvous's shut-down failing because the node that hosts the store left
-    first (a traceback with C++ frames, after every worker ended well), and, once a worker refused
-    its settings (exit 2, its line in ``errors``), the workers' ends that follow from it."""
+    """Leaves out torchrun's logs of an ending the last line says better: the store's host leaving
+    first (C++ tracebacks after every worker ended well), and the ends that follow a refusal (exit 2)."""
     ENDINGS = ("Error waiting on exit barrier", "has failed to shutdown the rendezvous")
     AFTER_REFUSAL = ("Sending process", "failed (exitcode")
     LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
@@ -154,13 +150,9 @@ LAUNCHER_SIGNALS = ("SIGTERM", "SIGKILL")
 
 
 def likely_cause(ended, said):
-    """(exit code, line) for the job's last line: what happened first, as far as the workers tell.
-    ``ended``: {rank: exit code, or the name of the signal that killed it}; ``said``: {rank: (code,
-    line)} of the workers that ended through train.py (outcomes). A worker's own failure comes
-    before a rank killed by SIGTERM or SIGKILL without a word, which torchrun does to the others
-    once one has failed (a hung rank, after the grace period); another signal (a crash, or a kill
-    with nothing said by anyone) is the cause, and the others' 'another process ended' lines are
-    its consequence."""
+    """(exit code, line) for the job's last line: what happened first. ``ended``: {rank: code or
+    signal name}; ``said``: outcomes(). A worker's own failure comes before a silent SIGTERM or
+    SIGKILL (torchrun's to the others); another signal (a crash) is the cause itself."""
     killed = sorted(rank for rank, how in ended.items() if isinstance(how, str) and rank not in said)
     failed = [(code, line) for code, line in said.values() if code and "another process of the job" not in line]
     if killed and not (failed and all(ended[rank] in LAUNCHER_SIGNALS for rank in killed)):
@@ -176,10 +168,8 @@ def likely_cause(ended, said):
 
 
 def outcomes(errors):
-    """{rank: (exit code, line)} of the workers that ended through train.py, the likely cause
-    first: a usage error, then a training failure, then an unexpected error (a peer's death shows
-    as one in the others), each kind in the order the files were written (coarse clock: rank
-    breaks ties)."""
+    """{rank: (exit code, line)} of the workers that ended through train.py, the likely cause first:
+    usage errors, training failures, then bugs, each in the order written."""
     entries = []
     for path in errors.glob("rank*"):
         code, _, line = path.read_text().partition("\n")
@@ -190,9 +180,8 @@ def outcomes(errors):
 
 
 def signalled(name, ended, args):
-    """After a signal torchrun passed on: exit 0 when every worker of this node ended cleanly
-    (a run stopped by a signal saves first); else the first worker's line and its code (128+N
-    for a signal with nothing to save, during start-up), or 1 when workers ended without a word."""
+    """After a signal torchrun passed on: 0 when every worker ended cleanly (it saved), else the
+    first worker's line and code, or 1 when they ended without a word."""
     local = int(args.nproc_per_node)
     if len(ended) == local and not any(code for code, _ in ended.values()):
         print(f"{name}: every worker on this node stopped cleanly; the run's last line above says what "

@@ -1,9 +1,6 @@
-"""Run output of rank 0: console lines, TensorBoard scalars and metrics.jsonl.
-
-Console lines keep the fields that Ascend ModelZoo's MobileNetV1 test scripts read with awk:
-progress lines ``Epoch: [e][s/n] ...`` carry the epoch's running img/s as field 9 and the
-interval's loss as field 14; validation lines `` * Prec@1 X Prec@5 Y`` (validation.accuracy_line)
-the top-1 as field 3. No other line contains ``img/s`` or ``Epoch:``.
+"""Rank 0's output: console lines, TensorBoard scalars and metrics.jsonl. The lines keep the fields
+ModelZoo's test scripts read with awk: ``Epoch: [e][s/n] ...`` has img/s as field 9 and the loss
+as field 14, `` * Prec@1 X Prec@5 Y`` the top-1 as field 3; no other line has ``img/s`` or ``Epoch:``.
 """
 import errno
 import json
@@ -36,9 +33,7 @@ def progress_line(*, epoch, step, steps, eta_epoch, eta_run, img_per_s, data_wai
 
 
 def run_description(cfg, *, device, images, steps):
-    """The lines that open a run's log: the device and precision, the data and batch, the loader
-    and compile choices, the command line's notes, the settings the run does not take. ``images``:
-    (train, val)."""
+    """The lines that open a run's log; ``images``: (train, val)."""
     derived, data, optim = cfg["derived"], cfg["data"], cfg["optim"]
     optimizer = derived["optimizer_class"]
     scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
@@ -57,9 +52,7 @@ def run_description(cfg, *, device, images, steps):
 
 
 def trim_records_after(path, global_step):
-    """Rewrites metrics.jsonl (atomically) without the records of global steps after
-    ``global_step`` and without a line a crash cut short (records written before the key was
-    named global_step hold it as step)."""
+    """metrics.jsonl rewritten without records after ``global_step`` or a line a crash cut short."""
     kept = []
     for line in path.read_text().splitlines():
         try:
@@ -100,9 +93,7 @@ class RunLogger:
         self.tensorboard = self.metrics = None
 
     def start(self, config, resumed_at=None):
-        """Writes ``config`` (resolved) to config.yaml, opens metrics.jsonl and TensorBoard.
-        ``resumed_at``: the global step a resumed run continues after; the records of later steps
-        (written after that checkpoint, and replayed now) go."""
+        """config.yaml, then metrics.jsonl and TensorBoard, the records after ``resumed_at`` gone."""
         if not self.enabled:
             return
         from torch.utils.tensorboard import SummaryWriter

@@ -1,7 +1,5 @@
-"""What the training loop measures about itself: where an epoch's time goes (EpochMeter), the run's
-clock (RunClock), dispatched-op counts (per step phase), the step's time breakdown, the other
-processes' share of the CPU. Below the engine; the benchmark harness that drives whole runs is
-scripts/benchmarks/harness.py, above it. And profiler traces of a few steps, phases as ranges."""
+"""What the training loop measures about itself: an epoch's time, the run's clock, op counts and
+the step's breakdown, the other processes' share of the CPU, profiler traces."""
 import contextlib
 import os
 import time
@@ -26,9 +24,8 @@ class Interval(NamedTuple):
 
 
 class EpochMeter:
-    """Where one epoch's time goes: host seconds waiting for data (``waiting``), the interval's loss
-    (summed on the device, ``add``) and its timing (``end_interval``). Steps are global steps, from
-    ``at_step``. It measures; the engine reports."""
+    """Where one epoch's time goes: data waits (``waiting``), the interval's loss (``add``, on the
+    device) and timing (``end_interval``), in global steps from ``at_step``."""
 
     def __init__(self, *, device, world_size, global_batch, run_start, at_step, sync_wait=False):
         self.device, self.world_size, self.global_batch = device, world_size, global_batch
@@ -69,9 +66,8 @@ class EpochMeter:
         return all_reduce_sum(self.loss_sum).item() / self.interval_steps / self.world_size
 
     def end_interval(self, step):
-        """The log interval that ends now at ``step``, measured (reads the device clock): its own
-        img/s and data wait, and the steady seconds per step (the first interval, warm-up included,
-        is its own rate once; later ones count from its end)."""
+        """The interval that ends at ``step``: its img/s and data wait, and the steady seconds a step
+        (counted from the first interval's end, which has its own rate)."""
         synchronize(self.device)
         now = time.perf_counter()
         seconds = now - self.interval_start
@@ -88,8 +84,7 @@ class EpochMeter:
         return interval
 
     def leave_out(self, step):
-        """After a step that compiled (``step``): the clocks start again; returns the seconds all
-        such steps took so far."""
+        """After a step that compiled: the clocks start again; returns such steps' seconds so far."""
         synchronize(self.device)
         now = time.perf_counter()
         self.compile_s += now - self.start
@@ -98,8 +93,7 @@ class EpochMeter:
         return self.compile_s
 
     def totals(self, step):
-        """Images all processes trained, seconds and data wait of this epoch, up to ``step`` (after
-        the device has finished)."""
+        """Images all processes trained, seconds and data wait of this epoch, up to ``step``."""
         self.seconds = self.elapsed()
         return {"images": (step - self.first) * self.global_batch, "seconds": self.seconds,
                 "data_wait_s": self.wait_s}
@@ -111,18 +105,16 @@ COMPILE_STEPS = 2
 
 
 class RunClock:
-    """What the loop times across its epochs: the process's first step (data and device time
-    included: summary.json's first_step_s, ModelZoo's CompileTime), the steps that compile under
-    train.compile (timed apart and left out of the rates) and the last validation (for the ETAs)."""
+    """The first step's time (ModelZoo's CompileTime), the compiling steps (left out of the rates)
+    and the last validation's (for the ETAs)."""
 
     def __init__(self, compiled):
         self.compiling = COMPILE_STEPS if compiled else 0
         self.first_step_s, self.val_seconds = None, 0.0
 
     def after_step(self, meter, global_step, mid_epoch):
-        """After a training step: whether it compiled (then ``meter`` starts again after it), and
-        the seconds all compiling steps took once the last of them is done (else None). An epoch's
-        last step is never left out: it ends the epoch."""
+        """(whether the step compiled, all compiling steps' seconds after the last, else None); an
+        epoch's last step is never left out."""
         if self.first_step_s is None:
             self.first_step_s = meter.elapsed()
         if not (self.compiling and mid_epoch):
@@ -151,8 +143,7 @@ def count_ops(fn):
 
 
 class PhaseOps:
-    """A TrainStep phase hook that counts the aten ops of each phase (forward, loss, backward,
-    unscale, optimizer, zero_grad, ema) into ``counts``."""
+    """A TrainStep phase hook that counts each phase's aten ops into ``counts``."""
 
     def __init__(self):
         self.counts = defaultdict(int)
@@ -165,8 +156,7 @@ class PhaseOps:
 
 
 def cpu_seconds():
-    """(CPU seconds the whole machine has been busy, steal included, as /proc/stat counts them;
-    CPU seconds of this process, its reaped children and its live ones: the loader's workers)."""
+    """(the machine's busy CPU seconds, steal included; this process's and its children's)."""
     tick = os.sysconf("SC_CLK_TCK")
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields
@@ -189,9 +179,8 @@ def live_children_ticks():
 
 
 class OtherLoad:
-    """The share of the machine's CPU that other processes (and the hypervisor's steal) took since
-    it was made (``so_far()``) or while the ``with`` block ran (``share``): (busy - own) /
-    (wall x cores), from /proc/stat."""
+    """The CPU share other processes (and steal) took since it was made (``so_far()``) or in the
+    ``with`` block (``share``)."""
 
     def __init__(self):
         self.start = (time.perf_counter(), *cpu_seconds())
@@ -213,11 +202,9 @@ OPTIMIZER_PHASES = ("unscale", "optimizer", "zero_grad")
 
 
 class StepBreakdown:
-    """A TrainStep phase hook: seconds in the optimizer's phases (unscale, step, master copy,
-    zero_grad), with the device synchronized around them, which costs some speed (for
-    comparisons: train.measure_breakdown, not production runs). The ops of every phase are
-    counted once, over the third optimizer step (after lazy state init: every forward of its
-    global batch under train.grad_accum_steps), which is then not timed."""
+    """A TrainStep phase hook (train.measure_breakdown): the optimizer phases' seconds, the device
+    synchronized around them; each phase's ops counted over the third optimizer step (all its
+    forwards), which is not timed."""
 
     def __init__(self, device):
         self.device = device
@@ -261,8 +248,7 @@ PROFILED_STEPS = 10
 
 
 def profiler(device, folder, enabled):
-    """torch.profiler (torch_npu.profiler on npu) over steps 3-12 (PROFILED_STEPS), a TensorBoard
-    trace in ``folder``; call .step() after every training step. A no-op when not enabled."""
+    """torch.profiler (torch_npu's on npu) over steps 3-12, a TensorBoard trace in ``folder``."""
     if not enabled:
         return contextlib.nullcontext(NoProfiler())
     module = import_torch_npu().profiler if device.type == "npu" else torch.profiler

@@ -1,12 +1,6 @@
 """The resume policy, all of it: what a run resumes from, whether it can go on here, and how.
-
-engine.run calls it twice: ``prepare`` before the run is built (the checkpoint rank 0 chooses, sent
-to every rank, and the config with the checkpoint's global batch where this run leaves it open)
-and ``restore`` after (the checks, the state loaded, the position it goes on from, what changed,
-said). A checkpoint goes on at another global batch only at an epoch's end, or from the next
-epoch's first step (train.resume_next_epoch); on another number of processes wherever they fill
-its global batch; a ModelZoo main.py checkpoint at its epoch.
-"""
+engine.run calls ``prepare`` before the run is built (the checkpoint rank 0 chooses, and the config
+at its global batch) and ``restore`` after (the checks, the state loaded, what changed, said)."""
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,10 +29,8 @@ def split_of(cfg):
 
 
 def prepare(cfg, resume, *, fallback=None, evaluate_only=False, say=print):
-    """(cfg, (path, checkpoint)) for resuming ``resume`` (a file, or 'auto': the run directory's
-    checkpoint that got furthest, else ``fallback``; (None, None): none, a fresh start, said).
-    Rank 0 reads it and sends it to the others: every rank continues from the same state, and nodes
-    without a shared file system need no copy of the run directory."""
+    """(cfg, (path, checkpoint)) for ``resume`` (a file, or 'auto': the one that got furthest, else
+    ``fallback``; (None, None): a fresh start). Rank 0 reads it and sends it to every rank."""
     path, checkpoint = from_rank0(lambda: choose(resume, fallback, evaluate_only, cfg["output"], say))
     if not evaluate_only:
         cfg = with_checkpoints_global_batch(cfg, checkpoint, path)
@@ -64,11 +56,9 @@ def choose(resume, fallback, evaluate_only, output, say):
 
 
 def load_latest(run_dir, say):
-    """(path, checkpoint) of the training checkpoint in ``run_dir``/checkpoints that got furthest
-    (the epoch and epoch_step recorded inside, not the file's time; last.pt wins a tie), saying through
-    ``say`` which files it skipped and why (unreadable, or no training checkpoint); None when there
-    are none; a UsageError when there are files but none can continue the run (starting fresh
-    would train over them)."""
+    """(path, checkpoint) of the training checkpoint in ``run_dir``/checkpoints that got furthest by
+    its recorded position (last.pt wins a tie), the others skipped said; None when there are none; a
+    UsageError when none of the files can continue (a fresh start would train over them)."""
     folder = Path(run_dir) / "checkpoints"
     paths = sorted(folder.glob("*.pt"))
     found, reasons = [], []
@@ -94,8 +84,7 @@ def load_latest(run_dir, say):
 
 
 def refuse_going_back(resume, checkpoint, output):
-    """A run resumed from ``resume`` saves over the run directory's last.pt: refused when that
-    directory holds a checkpoint of a later position (it would be replaced by an earlier one)."""
+    """Refused: a resume that would save an earlier position over the run directory's later one."""
     if not ckpt.is_training_checkpoint(checkpoint):
         return
     try:
@@ -110,10 +99,8 @@ def refuse_going_back(resume, checkpoint, output):
 
 
 def with_checkpoints_global_batch(cfg, checkpoint, path):
-    """``cfg`` for resuming ``checkpoint``: where train.grad_accum_steps and data.global_batch are
-    auto, its global batch (and so its LR) is kept on any number of processes, which accumulate
-    as many forwards as fill it. One that this run's processes cannot fill stops a resume
-    mid-epoch in one line; at an epoch's end the run goes on at its own (changes_since says so)."""
+    """``cfg`` at ``checkpoint``'s global batch, where both batch settings are auto and this run's
+    processes fill it; one they cannot fill stops a resume mid-epoch, else the run's own is kept."""
     global_batch = split_of((checkpoint or {}).get("config") or {}).global_batch
     auto = cfg["train"]["grad_accum_steps"] == "auto" and cfg["data"]["global_batch"] == "auto"
     if not (ckpt.is_training_checkpoint(checkpoint or {}) and auto and isinstance(global_batch, int)):
@@ -133,9 +120,8 @@ def with_checkpoints_global_batch(cfg, checkpoint, path):
 
 
 def restore(r, chosen, *, evaluate_only=False):
-    """Loads the ``chosen`` (path, checkpoint) of ``prepare`` into run ``r``, whose state can
-    continue it (else a UsageError says why), and says where it goes on and what changed. Sets
-    ``r.state.resumed_at`` unless it gave only weights."""
+    """Loads ``prepare``'s (path, checkpoint) into run ``r`` once it can continue it, and says where
+    it goes on and what changed."""
     state, (path, checkpoint) = r.state, chosen
     if checkpoint is None:  # a restart before the first save, say: the first round's records go
         state.resumed_at = 0
@@ -200,14 +186,12 @@ def check_resumable(state, checkpoint, path):
 
 
 def skips_the_epochs_rest(cfg, checkpoint):
-    """Whether a resume of ``checkpoint``, stopped mid-epoch, goes on at the next epoch's start
-    (train.resume_next_epoch; not a checkpoint of an epoch's last step, whose validation is due)."""
+    """Whether a mid-epoch ``checkpoint`` goes on at the next epoch (not when its validation is due)."""
     return cfg["train"]["resume_next_epoch"] and checkpoint.get("validated", True)
 
 
 def changes_since(state, checkpoint):
-    """What a resume of ``checkpoint`` into ``state`` changes (global batch, LR, data order, the data),
-    as notes."""
+    """What a resume of ``checkpoint`` changes (global batch, LR, data order, the data), as notes."""
     notes = []
     was, now = split_of(checkpoint.get("config") or {}), split_of(state.cfg)
     if None not in was and was != now:
@@ -231,10 +215,8 @@ def changes_since(state, checkpoint):
     return notes
 
 
-# --- A checkpoint of ModelZoo's main.py (epoch, arch, state_dict, best_prec1, optimizer; no
-# scheduler, so its weights are loaded as any weights file's): the run goes on at its epoch (the next
-# to train) with its best top-1 and SGD's momentum buffers where they fit this run's optimizer, and
-# says what it could not take.
+# A checkpoint of ModelZoo's main.py (no scheduler: loaded as weights): the run goes on at its epoch
+# with its best top-1 and SGD's momentum where they fit, and says what it could not take.
 
 def continue_modelzoo(r, path, checkpoint):
     """The notes of going on from ModelZoo's ``checkpoint``, or None when it is not one."""
@@ -256,9 +238,7 @@ def continue_modelzoo(r, path, checkpoint):
 
 
 def optimizer_misfit(saved, optimizer, algorithm):
-    """Why ``saved`` (the optimizer state of ModelZoo's main.py: SGD's momentum buffers) cannot go
-    into ``optimizer`` (of ``algorithm``), or '' when it fits: SGD, the same parameter groups, a
-    momentum buffer of each tensor's shape."""
+    """Why ModelZoo's SGD momentum buffers ``saved`` cannot go into ``optimizer``, or '' when they fit."""
     if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict) and saved.get("param_groups")):
         return "it holds none"
     if algorithm != "sgd":
@@ -276,8 +256,7 @@ def optimizer_misfit(saved, optimizer, algorithm):
 
 
 def data_changes(was, now, then="then", here="now"):
-    """'train: 1437 images then, 718 now; val: the same count, other files' for the splits that
-    differ between two data records, or '' (also when one is missing); ``then`` and ``here`` name them."""
+    """'train: 1437 images then, 718 now' for the splits two data records differ in, or ''."""
     if not was or not now:
         return ""
     changes = []

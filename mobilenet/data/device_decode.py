@@ -1,15 +1,10 @@
 """data.decode=device: JPEGs decoded on the step's device, then cropped, resized and flipped there.
 
-The loader's workers screen each file from its header and draw its crop box and flip from the
-sample's seed as the workers path does; baseline YCbCr or grayscale JPEGs travel as their bytes,
-anything else is decoded in the worker as before. The main process decodes each batch with
-torchvision's decode_jpeg on the device (nvJPEG on cuda; libjpeg-turbo on cpu, the same code) in
-a host thread of its own, crops and resizes each sample with antialiased bilinear on float (CUDA's
-takes no uint8) and rounds to uint8. Whole images, never at reduced scale: where the workers
-decode at 1/2-1/8 the pixels differ more (tests/test_device_decode.py gives the tolerance).
-torchvision 0.29 marks decode_jpeg deprecated (TorchCodec); it works there and in 0.26, and the
-warning is silenced once. Ascend's DVPP decodes one image per call in a worker: the workers path
-(a batched DVPP decode would go behind DeviceDecoder; unbuilt, no card here).
+The workers screen each file's header and draw its crop and flip from the sample's seed; baseline
+JPEGs travel as bytes, others are decoded there. The main process decodes each batch with
+torchvision's decode_jpeg (nvJPEG on cuda) in a thread of its own, then crops and resizes with
+antialiased bilinear on float. Whole images, never at reduced scale, so the pixels differ from the
+workers' (tests/test_device_decode.py gives the tolerance). Unbuilt for Ascend's DVPP (no card).
 """
 import random
 import warnings
@@ -40,9 +35,8 @@ def is_baseline(data):
 
 
 class Encoded(NamedTuple):
-    """A sample for the device: its file's bytes, its crop box (top, left, height, width) in the
-    full image, or None for validation's resize and centre crop, whether it is flipped, and its
-    index in the dataset (set by the dataset: to report it if it cannot be decoded)."""
+    """A sample for the device: its bytes, its crop box (None: validation's crop), its flip, and its
+    dataset index (to report it if it cannot be decoded)."""
     data: torch.Tensor
     box: tuple | None
     flip: bool
@@ -127,12 +121,9 @@ def resized(pixels, height, width):
 
 
 class DeviceDecoder:
-    """``decoder(batch)`` -> (uint8 images (B, 3, S, S) on ``device``, labels): the Encoded samples of
-    an EncodedBatch decoded and cropped there (train: the drawn box, resized, flipped; validation:
-    ``val_crop``'s resize and centre crop, of the full-scale image), the worker-decoded ones copied. A file
-    that fails to decode is reported through ``dataset`` (one warning, or data.strict's error) and
-    its place taken by the batch's first good sample (training) or a blank image labelled -1
-    (validation, left out of the accuracy)."""
+    """``decoder(batch)`` -> (uint8 images on ``device``, labels): an EncodedBatch decoded and cropped
+    there. A file that fails is reported through ``dataset``, its place taken by the batch's first
+    good sample (training) or a blank labelled -1 (validation)."""
 
     def __init__(self, dataset, device, size, val_crop=None):
         self.dataset, self.device, self.size, self.val_crop = dataset, device, size, val_crop
