@@ -1,11 +1,7 @@
-"""train.py's command line into a resolved config: its own flags, the data folder as a positional,
-``key.sub=value`` settings, and the dialects (below: the flags of pytorch/examples' and ModelZoo's
-main.py and of torchvision's references' train.py, each set to the one setting with its meaning
-there, what they became said in derived.command_line, their launcher flags refused with what to
-run instead; ModelZoo's --distributed with RANK_SIZE and RANK_ID).
-
-Layers, later winning: the recipe (--config), then flags, then ``key.sub=value``. A flag and a
-``key.sub=value`` (or two flags) that set one setting to different values are a UsageError.
+"""train.py's command line into a resolved config: its flags, the data folder, ``key.sub=value``
+settings, and the dialects of pytorch/examples' and ModelZoo's main.py and torchvision's train.py
+(each flag the one setting it means there, said in derived.command_line). Later layers win: the
+recipe (--config), flags, ``key.sub=value``; two that set one setting differently are a UsageError.
 """
 import argparse
 import math
@@ -342,9 +338,8 @@ def add_device_id(args, add):
 
 
 def modelzoo_ranks(args, env):
-    """For --distributed (ModelZoo's 8-card way: the user starts RANK_SIZE processes, each with its
-    RANK_ID): the torch.distributed environment of this process ({RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT}) and the note that says so; None without the flag."""
+    """For --distributed (ModelZoo's way: RANK_SIZE processes, each with its RANK_ID): this process's
+    torch.distributed environment and the note that says so; None without the flag."""
     if not args.distributed:
         for value, flag in ((args.world_size, "--world-size"), (args.dist_rank, "--dist-rank")):
             if value is not None:

@@ -5,9 +5,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Setting:
-    """A row's own setting (an algorithm's optim.<name>, a schedule's, a policy's): its default, and
-    the interval every number of it must lie in, as config.RANGES writes them ('[0, 1)'; None: any
-    value of its type)."""
+    """A row's own setting: its default and its numbers' interval, as config.RANGES writes them."""
     default: object
     interval: str = None
 

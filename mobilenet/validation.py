@@ -69,9 +69,7 @@ def accuracy(net, batches, autocast, device):
 
 
 def write_summary(r, results, totals=None):
-    """summary.json of run ``r`` (rank 0 writes it) from the last validation's ``results`` and the
-    ``totals`` of what this process trained ({images, seconds, data_wait_s, other_load}; None:
-    nothing trained now); returns it."""
+    """summary.json of run ``r`` from the last ``results`` and the ``totals`` trained; returns it."""
     cfg, derived = r.cfg, r.cfg["derived"]
     final = results[""]
     images, seconds, wait = (totals[key] for key in ("images", "seconds", "data_wait_s")) if totals else (0, 0.0, 0.0)

@@ -1,14 +1,7 @@
-"""The behaviours a run can do without, each a module of its own entered at the run's three named
-points (mobilenet/engine.py's ``enter``, in the list's order); a behaviour defines the points it
-uses:
-
-  at_start(r)                 the run is built and resumed, before anything is validated or trained
-  at_log(r, interval)         after each log interval's progress line
-  at_epoch_end(r, results)    after an epoch's validation, before its checkpoint is written
-
-``behaviours_for(cfg)`` builds the list from the resolved config alone: the same on every rank.
-A behaviour's tests are tests/test_behaviour_<module>.py and nothing else imports it
-(tests/test_tables.py checks): delete its module, its line below and that file to remove it.
+"""The behaviours a run can do without, each a module entered at the named points it defines:
+at_start(r) (built and resumed), at_log(r, interval), at_epoch_end(r, results) (before the save).
+Its tests are tests/test_behaviour_<module>.py and nothing else imports it (tests/test_tables.py
+checks): delete the module, its line below and that file to remove it.
 """
 from mobilenet.behaviours.advice import Advice
 from mobilenet.behaviours.lost_summary import LostSummary

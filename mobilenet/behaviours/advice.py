@@ -20,9 +20,7 @@ class Advice:
 
 
 class DataWaitHint:
-    """One line, once a run, when the loader stays the bottleneck: a data wait of at least SHARE of
-    the step for INTERVALS log intervals in a row. ``cores``: the usable cores of each process;
-    ``preparable``: the data is a folder that scripts/prepare_data.py can prepare."""
+    """One line, once, when the data wait is SHARE of the step for INTERVALS intervals in a row."""
     SHARE, INTERVALS = 0.3, 3
 
     def __init__(self, workers, cores, preparable):
@@ -56,10 +54,8 @@ BF16_MIN_BATCH = 32   # smaller batches were not measured
 
 
 def bf16_hint(cfg, features=None):
-    """A hint line for a cpu run at O0 on a CPU with AMX-BF16 (``features``: cpu_bf16_features()
-    unless given) whose model takes at least the multiply-adds (which the model table counts) of a
-    measured one where bf16 paid, at no lower resolution (the gain fell with it); None otherwise.
-    Of those measured models, the largest decides."""
+    """A hint for a cpu run at O0 on an AMX-BF16 CPU whose model costs at least a measured one where
+    bf16 paid, at no lower resolution; else None."""
     model, batch = cfg["model"], cfg["data"]["batch_size"]
     features = cpu_bf16_features() if features is None else features
     if (cfg["derived"]["device"] != "cpu" or cfg["amp"]["level"] != "O0" or "AMX-BF16" not in features

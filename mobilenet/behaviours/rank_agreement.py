@@ -1,9 +1,6 @@
-"""Every rank holds what rank 0 saves for all of them: at each epoch's end, after validation and
-before the save, a checksum of every tensor and number of the checkpoint (less what is per rank by
-design: the random states; the data record and the config, which check_same_job compares before
-the first step) and of the network as the step trains it
-(O2's half weights) is compared across the ranks in one all_gather; a difference stops the run in
-one line naming it and the ranks."""
+"""Every rank holds what rank 0 saves: at each epoch's end, before the save, checksums of the
+checkpoint (less the random states and records) and of the network (O2's half weights) compared in
+one all_gather; a difference stops the run in one line naming it and the ranks."""
 import torch
 
 from mobilenet.distributed import first_disagreement

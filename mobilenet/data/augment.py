@@ -1,13 +1,7 @@
-"""Augmentation, the fifth table: the policy each training image gets after its crop and flip
-(POLICIES, torchvision.transforms.v2's), random erasing after it, and MixUp/CutMix on the batch on
-the device, as torchvision's references/classification apply them.
-
-Every draw comes from torch's generator seeded for it, forked so that no other draw moves: an
-image's from its sample seed (ResumableSampler: the seed, the epoch, the image and its copy), a
-batch's mix from (seed, epoch, step, virtual rank). A run stopped mid-epoch and resumed, or run on
-another number of processes with the same global batch, draws what the straight run draws.
-torchvision is imported only where a row needs it (it costs each process about 1.4 s).
-"""
+"""Augmentation, the fifth table: a training image's policy after its crop (POLICIES, transforms.v2's),
+random erasing, and MixUp/CutMix on the device, as torchvision's references apply them. Each draw
+comes from torch's generator, forked and seeded from the sample's seed or (seed, epoch, step,
+virtual rank), so a resumed or re-split run draws what the straight run draws."""
 import contextlib
 import hashlib
 from dataclasses import dataclass

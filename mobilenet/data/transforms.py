@@ -1,10 +1,4 @@
-"""Decoding in the loader's workers: file bytes -> uint8 CHW RGB tensors (the crops that ask for
-them: TrainCrop and ValCrop, below).
-
-JPEGs decode with libjpeg-turbo (simplejpeg), at 1/2, 1/4 or 1/8 scale whenever the caller keeps
-its output resolution; images resize with torch's antialiased bilinear (or data.interpolation) on
-uint8. The policies after the crop: data/augment.py.
-"""
+"""Decoding in the loader's workers to uint8 CHW RGB tensors, and the crops (TrainCrop, ValCrop)."""
 import io
 import math
 import random
@@ -20,11 +14,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class EncodedImage:
-    """An image file's bytes and size, decoded on demand to a uint8 CHW RGB tensor.
-
-    YCbCr and grayscale JPEGs (baseline or progressive) go through libjpeg-turbo (simplejpeg), which
-    decodes at 1/2, 1/4 or 1/8 scale almost proportionally faster; anything else (CMYK JPEGs, PNGs
-    named .JPEG) through PIL, with its draft mode where the file allows."""
+    """An image file's bytes and size, decoded on demand: YCbCr and grayscale JPEGs by libjpeg-turbo
+    (simplejpeg), at 1/2-1/8 scale about that much faster; anything else (CMYK, PNGs) by PIL."""
 
     def __init__(self, data):
         self.data = data
@@ -92,13 +83,9 @@ def resize(pixels, height, width, mode="bilinear"):
 
 
 class TrainCrop:
-    """RandomResizedCrop (+ horizontal flip) of an EncodedImage, from a per-sample seed.
-
-    The crop is drawn from the header's size, the file decoded at the smallest scale that keeps the
-    crop's full output resolution, and the crop resized with antialiased bilinear on uint8. The
-    draws follow torchvision's RandomResizedCrop.get_params exactly, with a random.Random of the
-    sample's seed in place of torch's global generator: torchvision's ~15 one-element tensor ops
-    cost ~150 us an image and need the global state saved and restored around each sample."""
+    """RandomResizedCrop and flip of an EncodedImage from the sample's seed, decoded at the smallest
+    scale that keeps the crop's resolution. Its draws are RandomResizedCrop.get_params', from a
+    random.Random: torchvision's tensor draws cost ~150 us an image and the global generator."""
 
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=True, mode="bilinear"):
         self.size, self.scale, self.ratio, self.hflip, self.mode = size, scale, ratio, hflip, mode
