@@ -109,8 +109,7 @@ class LossScaler:
 
 
 def flat_views(tensors, dtype):
-    """(a zeroed flat buffer of ``dtype``, views of it shaped and strided as ``tensors``): a copy or
-    cast of them all is one launch."""
+    """(a zeroed flat buffer of ``dtype``, views of it as ``tensors``): one launch copies them all."""
     flat = torch.zeros(sum(t.numel() for t in tensors), dtype=dtype, device=tensors[0].device)
     views, offset = [], 0
     for t in tensors:

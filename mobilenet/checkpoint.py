@@ -21,8 +21,7 @@ def whole(value):
 
 
 def rng_field(value):
-    """Whether ``value`` is a checkpoint's random states: a list by rank (or one rank's, written
-    before every rank's were kept)."""
+    """Whether ``value`` is a checkpoint's random states: a list by rank, or one rank's."""
     states = [value] if isinstance(value, dict) else value
     return isinstance(states, list) and bool(states) and all(isinstance(s, dict) and "torch" in s for s in states)
 
@@ -48,8 +47,7 @@ KEYS = {
 
 
 def is_training_checkpoint(checkpoint):
-    """Whether a checkpoint dict can continue a run (ours), not only give weights (ModelZoo's own
-    and weights files have no scheduler)."""
+    """Whether a checkpoint can continue a run (ours), not only give weights."""
     return bool(checkpoint.get("optimizer")) and bool(checkpoint.get("scheduler"))
 
 
@@ -195,8 +193,7 @@ def remove_temporaries(run_dir):
 
 
 class RunLock:
-    """An flock on ``run_dir``/.lock: a second live run stops with a UsageError; a dead run's goes
-    with its process."""
+    """An flock on ``run_dir``/.lock: a second live run stops; a dead run's goes with its process."""
 
     def __init__(self, run_dir):
         self.run_dir = Path(run_dir)
@@ -232,8 +229,7 @@ class RunLock:
 
 @contextlib.contextmanager
 def claim_run_directory(run_dir, *, resume, start_over, claim=True):
-    """The run directory's lock for the run (rank 0: ``claim``), crashed saves' temporaries removed;
-    a run in it is trained over only by a resume or a start over."""
+    """The run directory's lock (rank 0: ``claim``); a run in it is trained over only to resume it."""
     if not claim:
         yield
         return

@@ -69,15 +69,13 @@ def split_positionals(positionals):
 
 
 def default_config(data, torchvision=False):
-    """The recipe of data.path's source (mobilenet.data.sources), the demo without a path; under
-    torchvision's dialect, its train.py's defaults (configs/torchvision.yaml)."""
+    """The recipe of data.path's source (the demo without one); torchvision's under its dialect."""
     from mobilenet.data.sources import source_of
     return CONFIGS / ("torchvision.yaml" if torchvision else f"{source_of(data or 'digits').recipe}.yaml")
 
 
 def flag_settings(args, folder, processes):
-    """{setting: (value, origin)} from every flag and the positional folder, and the notes; two
-    flags that set one setting to different values are a UsageError."""
+    """{setting: (value, origin)} from the flags and the folder, and the notes; contradictions refused."""
     sources = [(flag, {key: getattr(args, flag.removeprefix("--").replace("-", "_"))}, None)
                for key, flag in FLAGS.items()]
     sources.append(("DIR (positional)", {"data.path": folder}, None))
@@ -100,8 +98,7 @@ def flag_settings(args, folder, processes):
 
 
 def check_overrides(chosen, overrides):
-    """A key.sub=value that contradicts a flag given for the same setting is a UsageError (a value a
-    flag only implies, such as --apex's loss scale, gives way)."""
+    """A key.sub=value that contradicts a flag is a UsageError (a value a flag only implies gives way)."""
     for text in overrides:
         key, value = parse_override(text)
         if key in chosen and not chosen[key][1].endswith("(implied)"):
@@ -111,8 +108,7 @@ def check_overrides(chosen, overrides):
 
 
 def config_from_args(args, probe=True):
-    """The resolved config: the recipe, the flags, then the key=value overrides. Under --distributed
-    this process's rank goes into its environment first (as torchrun would put it)."""
+    """The resolved config; under --distributed this process's rank goes into its environment first."""
     folder, overrides = split_positionals(args.positionals)
     ranks = modelzoo_ranks(args, os.environ)
     if ranks:
@@ -223,8 +219,7 @@ def node_processes():
 
 
 def dialect_settings(args, processes):
-    """[(origin, {setting: value}, note)] for the dialect flags given; ``note`` says what a flag
-    with a per-node meaning became per process (for the log and derived.command_line)."""
+    """[(origin, {setting: value}, note)] for the dialect flags given; the note says what each became."""
     found = []
     check_step_caps(args)
 
@@ -272,8 +267,7 @@ def dialect_settings(args, processes):
 
 
 def add_batch_and_workers(args, add, processes):
-    """-b and -j: per node in main.py, divided among the node's ``processes``; per process in
-    torchvision's train.py (its -b sets the validation batch too)."""
+    """-b and -j: per node in main.py, divided among ``processes``; per process in torchvision's."""
     if torchvision_dialect(args):
         if args.batch_size is not None:
             add(f"-b/--batch-size {args.batch_size}", {"data.batch_size": args.batch_size,
@@ -506,8 +500,7 @@ def scheduler_settings(name, args):
 
 
 def ema_settings(args):
-    """--model-ema: train.py's decay for its steps (adjusted to the processes, the batch, the steps
-    between updates and the epochs) and its steps."""
+    """--model-ema: train.py's decay, adjusted to the processes, batch, steps and epochs, and its steps."""
     steps, decay = (getattr(args, dest(flag)) for flag in ("--model-ema-steps", "--model-ema-decay"))
     steps, decay = 32 if steps is None else steps, 0.99998 if decay is None else decay
     if steps < 1 or not 0 <= decay < 1:

@@ -290,8 +290,7 @@ def flatten(data, prefix=""):
 
 
 def build_config(config_path=None, overrides=(), settings=None):
-    """Defaults <- YAML file <- ``settings`` ({'key.sub': value}, from command-line flags) <-
-    overrides (``key.sub=value`` strings)."""
+    """Defaults <- YAML file <- ``settings`` (from the flags) <- ``key.sub=value`` overrides."""
     cfg = copy.deepcopy(DEFAULTS)
     if config_path:
         data = load_yaml(config_path)

@@ -88,8 +88,7 @@ def describe(device):
 
 
 def compile_backend(device_type):
-    """torch.compile's {backend, mode}: inductor with CUDA graphs on cuda, inductor on cpu (a C++
-    compiler), torchair on npu; a UsageError where that is missing."""
+    """torch.compile's {backend, mode} for the device type; a UsageError where that is missing."""
     if device_type == "cuda":
         return {"backend": "inductor", "mode": "reduce-overhead"}
     if device_type == "npu":
@@ -169,16 +168,14 @@ def compiled(module, backend, mode):
 
 
 def usable_cores():
-    """The cores this process may use, not the machine's: its affinity (taskset, cpusets, Slurm) and
-    its cgroup's CPU quota (Docker --cpus, a Kubernetes limit), rounded up."""
+    """The cores this process may use: its affinity and its cgroup's CPU quota, rounded up."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cpu_quota()
     return max(1, min(cores, math.ceil(quota))) if quota else cores
 
 
 def cpu_quota():
-    """The CPUs this process's cgroup (and its parents) may use, as a number such as 2.5, or None
-    without a quota; cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us / cpu.cfs_period_us)."""
+    """The CPUs this process's cgroup may use (2.5, say), or None; cgroup v2 or v1."""
     try:
         memberships = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
         mounts = [line.split(" - ") for line in Path("/proc/self/mountinfo").read_text().splitlines()]
@@ -224,8 +221,7 @@ def cpuinfo_field(name):
 
 
 def cpu_bf16_features():
-    """The bfloat16 matrix and vector units of this CPU that torch's kernels use (AMX, AVX512-BF16),
-    from the kernel's /proc/cpuinfo flags; [] elsewhere."""
+    """This CPU's bfloat16 units that torch uses (AMX, AVX512-BF16), from /proc/cpuinfo; [] elsewhere."""
     flags = cpuinfo_field("flags").split()
     return [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"))
             if flag in flags]

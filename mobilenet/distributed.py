@@ -108,8 +108,7 @@ def host_group():
 
 
 def any_rank(*flags):
-    """For each flag, whether it is true on any rank, alike on every rank (one host reduction; a
-    world of one: the flags themselves). One flag: a bool; several: a list."""
+    """For each flag, whether it is true on any rank (one host reduction); one flag: a bool."""
     found = [bool(flag) for flag in flags]
     if dist.is_available() and dist.is_initialized():
         tensor = torch.tensor(found, dtype=torch.int32)
@@ -141,8 +140,7 @@ def from_rank0(compute):
 
 
 def every_rank(value):
-    """[rank 0's value, rank 1's, ...] on every rank (pickled, through the host group); [value] in
-    a world of one. Every rank must call it at the same point."""
+    """[rank 0's value, rank 1's, ...] on every rank, pickled through the host group."""
     if not is_distributed():
         return [value]
     values = [None] * dist.get_world_size()
@@ -175,8 +173,7 @@ BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
 
 
 def checksum(value, device):
-    """The int64 sum of ``value``'s bit patterns weighted by position: one changed bit, two swapped
-    elements or two flipped signs change it."""
+    """The sum of ``value``'s bit patterns weighted by position: one changed bit changes it."""
     if not isinstance(value, torch.Tensor):
         value = torch.tensor(float(value), dtype=torch.float64)
     bits = value.detach().to(device).contiguous().reshape(-1).view(BITS[value.element_size()])
@@ -185,8 +182,7 @@ def checksum(value, device):
 
 
 def first_disagreement(named, device):
-    """None when every rank holds the same ``named`` state, else (name, [ranks that differ from rank
-    0]) of the first that differs; one all_gather of checksums."""
+    """None when every rank holds the same ``named`` state, else (name, [ranks that differ])."""
     if not is_distributed():
         return None
     sums = torch.stack([checksum(value, device) for _, value in named])

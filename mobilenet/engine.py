@@ -185,8 +185,7 @@ def build_run(cfg, world, device, log):
 
 
 def check_same_job(r):
-    """Every rank has rank 0's config (less config.PER_PROCESS) and data records; a difference is
-    one line naming the first rank that differs, on every rank."""
+    """Every rank has rank 0's config (less PER_PROCESS) and data, else one line on every rank."""
     everyone = every_rank((r.cfg, r.state.records["data"]))
     settings, data = everyone[0]
     for rank, (their_settings, their_data) in enumerate(everyone[1:], start=1):

@@ -31,8 +31,7 @@ class TrainingFailure(Exception):
 
 
 def exit_at_once(signum, frame):
-    """A stop signal before the run handles them: nothing to save, so the process ends now (not an
-    exception, which would leave an import half-built)."""
+    """A stop signal before the run handles them: nothing to save, the process ends now."""
     name = signal.Signals(signum).name
     for path in list(TEMPORARIES):
         with contextlib.suppress(OSError):
@@ -43,8 +42,7 @@ def exit_at_once(signum, frame):
 
 
 def stop_signals():
-    """STOP_SIGNALS, except a SIGHUP that this process started with ignored (nohup, which ModelZoo's
-    scripts use): that one stays ignored."""
+    """STOP_SIGNALS, less a SIGHUP this process started with ignored (nohup)."""
     return [s for s in STOP_SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
 
 
@@ -82,8 +80,7 @@ PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pi
 
 
 def peer_left(error):
-    """Whether ``error`` is a collective or store failing because another process of a job of
-    several ended (killed, crashed, stopped by its node), not a fault of this one."""
+    """Whether ``error`` is a collective or store failing because another process ended."""
     if int(os.environ.get("WORLD_SIZE", 1)) < 2:
         return False
     distributed = type(error).__module__.startswith("torch.distributed") or "Dist" in type(error).__name__
@@ -114,8 +111,7 @@ def mark_started():
 
 
 def save_traceback(folder):
-    """Writes the exception being handled, with its traceback, to ``folder``/traceback-rankR.txt
-    (a temporary file when ``folder`` is None or unwritable); returns the path."""
+    """The exception's traceback in ``folder``/traceback-rankR.txt (else a temporary file); its path."""
     name = f"traceback-rank{os.environ.get('RANK', '0')}.txt"
     places = [Path(folder) / name] if folder else []
     places.append(Path(tempfile.gettempdir()) / f"mobilenet-{os.getpid()}-{name}")

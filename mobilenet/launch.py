@@ -48,8 +48,7 @@ def import_torchrun():
 
 
 def check_config(args):
-    """Resolves train.py's config as each worker will (the world size torchrun will give them),
-    so a bad flag or setting is one line, exit 2, before anything starts."""
+    """Resolves train.py's config as each worker will: a bad setting is one line before anything starts."""
     from mobilenet.cli import build_parser, config_from_args
     os.environ.update(LOCAL_WORLD_SIZE=str(args.nproc_per_node),
                       WORLD_SIZE=str(node_count(args) * int(args.nproc_per_node)))
@@ -61,8 +60,7 @@ def check_config(args):
 
 
 def launch(torchrun, args, errors):
-    """torchrun's run(); on a failure, torchrun's report, then the workers' own lines (or what
-    ended them) and the exit code of the first (2 for a usage error, else 1)."""
+    """torchrun's run(); on a failure its report, then the workers' own lines and the first one's code."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
@@ -168,8 +166,7 @@ def likely_cause(ended, said):
 
 
 def outcomes(errors):
-    """{rank: (exit code, line)} of the workers that ended through train.py, the likely cause first:
-    usage errors, training failures, then bugs, each in the order written."""
+    """{rank: (code, line)} of the workers that ended through train.py, the likely cause first."""
     entries = []
     for path in errors.glob("rank*"):
         code, _, line = path.read_text().partition("\n")
@@ -180,8 +177,7 @@ def outcomes(errors):
 
 
 def signalled(name, ended, args):
-    """After a signal torchrun passed on: 0 when every worker ended cleanly (it saved), else the
-    first worker's line and code, or 1 when they ended without a word."""
+    """After a passed-on signal: 0 when every worker saved, else the first worker's line and code."""
     local = int(args.nproc_per_node)
     if len(ended) == local and not any(code for code, _ in ended.values()):
         print(f"{name}: every worker on this node stopped cleanly; the run's last line above says what "

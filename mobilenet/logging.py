@@ -65,8 +65,7 @@ def trim_records_after(path, global_step):
 
 
 def quiet_writer_errors(args, default=threading.excepthook):
-    """An OSError in TensorBoard's writer thread (a full disk) is raised again by its next
-    add_scalar in the run's own thread, which reports it in one line: no thread traceback."""
+    """A full disk in TensorBoard's thread is raised again by the next add_scalar: one line."""
     if not issubclass(args.exc_type, OSError):
         default(args)
 
@@ -84,8 +83,7 @@ def write_failure(run_dir, error):
 
 
 class RunLogger:
-    """Console lines from rank 0 (``enabled=False``: none), and, once ``start()`` is called (after
-    the run has checked it can resume), metrics.jsonl and TensorBoard event files in ``run_dir``."""
+    """Rank 0's console lines and, from ``start()``, metrics.jsonl and TensorBoard in ``run_dir``."""
 
     def __init__(self, run_dir, enabled=True):
         self.run_dir, self.enabled = Path(run_dir), enabled

@@ -105,16 +105,14 @@ COMPILE_STEPS = 2
 
 
 class RunClock:
-    """The first step's time (ModelZoo's CompileTime), the compiling steps (left out of the rates)
-    and the last validation's (for the ETAs)."""
+    """The first step's time, the compiling steps (left out of the rates) and the last validation's."""
 
     def __init__(self, compiled):
         self.compiling = COMPILE_STEPS if compiled else 0
         self.first_step_s, self.val_seconds = None, 0.0
 
     def after_step(self, meter, global_step, mid_epoch):
-        """(whether the step compiled, all compiling steps' seconds after the last, else None); an
-        epoch's last step is never left out."""
+        """(whether the step compiled, all compiling steps' seconds after the last one, else None)."""
         if self.first_step_s is None:
             self.first_step_s = meter.elapsed()
         if not (self.compiling and mid_epoch):
@@ -179,8 +177,7 @@ def live_children_ticks():
 
 
 class OtherLoad:
-    """The CPU share other processes (and steal) took since it was made (``so_far()``) or in the
-    ``with`` block (``share``)."""
+    """The CPU share others took since it was made (``so_far()``) or in the block (``share``)."""
 
     def __init__(self):
         self.start = (time.perf_counter(), *cpu_seconds())

@@ -99,8 +99,7 @@ def torch_default_foreach(device):
 
 
 def choose_implementation(*, name, impl, device, foreach="auto", amp_backend="none"):
-    """The key of IMPLEMENTATIONS for algorithm ``name``, optim.impl, the device type, optim.foreach
-    and the amp backend (apex amp takes apex's fused optimizers)."""
+    """The key of IMPLEMENTATIONS for the algorithm, optim.impl, the device, foreach and amp backend."""
     kernels, npu_fused = ALGORITHMS[name].kernels, ALGORITHMS[name].npu_fused
     if impl == "fused":
         if amp_backend == "apex" and npu_fused:
@@ -158,8 +157,7 @@ def param_groups(params, weight_decay, decays=None):
 
 
 def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight_decay=0.0, decays=None, **hyper):
-    """Algorithm ``name`` in ``implementation`` over ``params`` (a module or tensors); ``hyper``: its
-    own settings."""
+    """Algorithm ``name`` in ``implementation`` over ``params`` (a module or tensors)."""
     algorithm = ALGORITHMS[name]
     unknown = hyper.keys() - algorithm.hyperparameters.keys()
     if unknown:
@@ -173,16 +171,14 @@ def build_optimizer(params, *, implementation="loop", name="sgd", lr=0.1, weight
 
 
 def hold_lr_in_tensors(optimizer):
-    """Each group's LR as a 0-dim tensor the scheduler updates in place: a compiled step reads it
-    instead of recompiling at every change (torch's recipe)."""
+    """Each group's LR as a tensor, updated in place: a compiled step does not recompile for it."""
     for group in optimizer.param_groups:
         first = group["params"][0]
         group["lr"] = torch.tensor(float(group["lr"]), device=first.device, dtype=first.dtype)
 
 
 def plain_numbers(state):
-    """A state dict's one-element tensors outside the per-parameter state as floats, as eager runs
-    write them."""
+    """A state dict's one-element tensors outside ``state`` as floats, as eager runs write them."""
     def plain(value):
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             return value.item()

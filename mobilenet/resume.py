@@ -120,8 +120,7 @@ def with_checkpoints_global_batch(cfg, checkpoint, path):
 
 
 def restore(r, chosen, *, evaluate_only=False):
-    """Loads ``prepare``'s (path, checkpoint) into run ``r`` once it can continue it, and says where
-    it goes on and what changed."""
+    """Loads ``prepare``'s (path, checkpoint) into ``r`` once it can continue; says what changed."""
     state, (path, checkpoint) = r.state, chosen
     if checkpoint is None:  # a restart before the first save, say: the first round's records go
         state.resumed_at = 0

@@ -80,8 +80,7 @@ class TrainStep:
         return total
 
     def without_sync(self, last):
-        """DDP's no_sync() but for the ``last`` forward, where the grads stay in the model's (apex
-        moves them: each forward all-reduces)."""
+        """DDP's no_sync() but for the ``last`` forward, unless apex moves the grads."""
         no_sync = getattr(self.wrapped, "no_sync", None)
         if last or no_sync is None or not self.precision.grads_stay_in_the_model:
             return contextlib.nullcontext()

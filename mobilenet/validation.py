@@ -29,8 +29,7 @@ def accuracy_line(top1, top5, note="", prefix=""):
 
 
 def validate(r):
-    """{'': Accuracy} of the network, and {'EMA': ...} of its average when there is one, over
-    ``r.val_loader``; each batch is a beat of ``r.watchdog``."""
+    """{'': Accuracy} of the network, and {'EMA': ...} of its average, over ``r.val_loader``."""
     step = r.step
     return {label: accuracy(net, watched(step.batches(r.val_loader), r.watchdog), step.precision.autocast,
                             r.device)
@@ -38,8 +37,7 @@ def validate(r):
 
 
 def watched(batches, watchdog):
-    """``batches``, each a beat of the watchdog, the wait for each its 'val-data' wait (not
-    'data': a stop signal waits for the end of validation)."""
+    """``batches``, each a watchdog beat, each wait its 'val-data' wait."""
     iterator = iter(batches)
     while True:
         with watchdog.waiting("val-data"):

@@ -160,8 +160,7 @@ def end_on_second_interrupt(wakeup_read, stopped):
 
 
 def peer_cause(world, step, timeout):
-    """What a stalled rank of several waits for, from two reads of the ranks' reports; None when a
-    peer makes progress."""
+    """What a stalled rank of several waits for; None when a peer makes progress."""
     verdict = read_verdict(world.size)
     if verdict:
         return verdict
@@ -281,8 +280,7 @@ def open_files(pid, data_path):
 
 
 def kill_loader_workers():
-    """SIGKILL to the loader workers (a stopped one ignores SIGTERM and Python's exit waits for it),
-    torch's SIGCHLD handler set aside first."""
+    """SIGKILL to the loader workers (a stopped one ignores SIGTERM), torch's SIGCHLD handler off."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for child in multiprocessing.active_children():

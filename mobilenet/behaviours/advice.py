@@ -54,8 +54,7 @@ BF16_MIN_BATCH = 32   # smaller batches were not measured
 
 
 def bf16_hint(cfg, features=None):
-    """A hint for a cpu run at O0 on an AMX-BF16 CPU whose model costs at least a measured one where
-    bf16 paid, at no lower resolution; else None."""
+    """A hint for a cpu run at O0 on an AMX-BF16 CPU with a model where bf16 paid; else None."""
     model, batch = cfg["model"], cfg["data"]["batch_size"]
     features = cpu_bf16_features() if features is None else features
     if (cfg["derived"]["device"] != "cpu" or cfg["amp"]["level"] != "O0" or "AMX-BF16" not in features

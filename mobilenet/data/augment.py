@@ -44,8 +44,7 @@ def policy_settings():
 
 
 def per_sample(cfg):
-    """What of ``cfg`` transforms each image in the loader's workers beyond the crop and flip, or
-    '' (data.decode=device crops on the device and takes none of it)."""
+    """What of ``cfg`` transforms each image in the workers beyond the crop and flip, or ''."""
     augment, data = cfg["augment"], cfg["data"]
     given = [f"augment.policy={augment['policy']}" if augment["policy"] != "none" else "",
              f"augment.random_erase={augment['random_erase']:g}" if augment["random_erase"] else "",

@@ -132,8 +132,7 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 
 class ImageFolderRGB(ImageSamples):
-    """A folder of image files with torchvision ImageFolder's classes (its sorted subfolders),
-    labels and sample order."""
+    """A folder of image files with torchvision ImageFolder's classes, labels and sample order."""
 
     def __init__(self, root, transform, strict=False, leave_out=None, cache_mb=0):
         self.root = str(root)
@@ -176,8 +175,7 @@ def folder_id(path):
 
 
 def scan_once(top, seen_folders, seen_files, again):
-    """[(folder, [file names])] below ``top``, links followed, each real folder and file once; a
-    folder met again goes to ``again``."""
+    """[(folder, [file names])] below ``top``, each real folder and file once; repeats to ``again``."""
     found, todo = [], [top]
     while todo:
         folder = todo.pop()
@@ -207,8 +205,7 @@ def scan_once(top, seen_folders, seen_files, again):
 
 
 def data_record(dataset):
-    """{"images": N, "fingerprint": a hash of the file list and labels}: a resume compares them to
-    tell whether the data changed, without reading an image."""
+    """{"images": N, "fingerprint": a hash of the files and labels}, which a resume compares."""
     digest = hashlib.sha1()
     for line in dataset.record_lines():
         digest.update(line)

@@ -35,8 +35,7 @@ def is_baseline(data):
 
 
 class Encoded(NamedTuple):
-    """A sample for the device: its bytes, its crop box (None: validation's crop), its flip, and its
-    dataset index (to report it if it cannot be decoded)."""
+    """A sample for the device: its bytes, crop box (None: validation's), flip and dataset index."""
     data: torch.Tensor
     box: tuple | None
     flip: bool
@@ -183,8 +182,7 @@ def decode_choice(device_ms, host_ms, difference, *, workers, where):
 
 
 def probe_decode(device):
-    """(ms to decode the probe's JPEGs on ``device``, ms on one host core, (largest, mean)
-    |difference| between the two decodes' pixels), after a warm-up each."""
+    """(device ms, one host core's ms, (largest, mean) pixel difference) for the probe's JPEGs."""
     import time
 
     import simplejpeg

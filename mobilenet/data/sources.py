@@ -212,8 +212,7 @@ DIGITS_TRAIN_IMAGES = 1437  # of the 1,797, with build_digits' val_fraction 0.2
 
 
 def build_digits(root=DIGITS_ROOT, size=32, val_fraction=0.2, seed=0):
-    """scikit-learn's 1,797 handwritten digits (8x8 scans) as an ImageFolder of JPEGs, split
-    stratified, built in a temporary folder and renamed (never partial)."""
+    """scikit-learn's 1,797 digits as an ImageFolder of JPEGs, built aside and renamed (never partial)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

@@ -33,8 +33,7 @@ class EncodedImage:
                                                f"of {2 * limit} (Image.MAX_IMAGE_PIXELS)")
 
     def hold_full_scale(self):
-        """From now on the full-scale decode is kept (the same pixels as decoding again); returns
-        the bytes this will hold."""
+        """From now on the full-scale decode is kept; returns the bytes this will hold."""
         self.full = False
         return len(self.data) + 3 * self.height * self.width
 
