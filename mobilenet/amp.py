@@ -51,11 +51,9 @@ def choose_backend(level, backend, device):
     return "apex" if backend == "apex" or (ascend and device == "npu") else "native"
 
 
-# Our own scaler rather than torch.amp.GradScaler, which (torch 2.14.1, checked by
-# tests/test_amp.py::test_gradscaler_cannot_keep_these_guarantees) refuses a static scale (growth
-# factor must be > 1: ModelZoo's recipe uses 1024), counts no skipped steps (our checkpoints and
-# TensorBoard do), and lets a fused optimizer's skipped first step leave uninitialised momentum;
-# the kernels below are the ones GradScaler itself calls.
+# Not torch.amp.GradScaler, which (tests/test_amp.py::test_gradscaler_cannot_keep_these_guarantees)
+# refuses ModelZoo's static 1024, counts no skipped steps, and lets a fused optimizer's skipped first
+# step leave its momentum uninitialised; the kernels below are the ones GradScaler calls.
 class LossScaler:
     """Loss scale, non-finite check and skip counting with torch's own amp kernels; dynamic: halve on
     overflow, double after ``growth_interval`` clean steps. ``skip_on_device``: a torch fused

@@ -127,8 +127,7 @@ def config_from_args(args, probe=True):
 
 # The dialects: pytorch/examples' imagenet/main.py and ModelZoo's MobileNetV1 main.py.
 
-# Launcher flags of those scripts that cannot keep their meaning in one train.py process: each is
-# refused, naming what to run instead (train.sh maps --addr and --device-list itself).
+# Their launcher flags, which mean nothing in one train.py process: refused, naming what to run instead.
 PER_CARD = "start one process per card with bash train.sh --nproc N"
 REFUSED = {
     "--multiprocessing-distributed": (0, PER_CARD),
@@ -367,9 +366,8 @@ def modelzoo_ranks(args, env):
     return ranks, note
 
 
-# torchvision's references/classification/train.py: the flags that are its own (the ones it
-# shares with main.py, -b and -j among them, are above; under this dialect -b and -j are per
-# process, as there). Its flags: the setting each one sets, as it is given.
+# torchvision's references/classification/train.py: its own flags (those it shares with main.py are
+# above; -b and -j per process here), each the setting it sets, as given.
 TORCHVISION = {"--data-path": "data.path", "--output-dir": "output", "--lr-step-size": "schedule.step_epochs",
                "--lr-gamma": "schedule.gamma", "--lr-warmup-epochs": "schedule.warmup_epochs",
                "--lr-warmup-method": "schedule.warmup_method", "--lr-warmup-decay": "schedule.warmup_start_factor",

@@ -1,5 +1,4 @@
-"""The device: which one trains (npu with torch_npu imported lazily, cuda, cpu), opening its card,
-and what the run asks of it (synchronize, peak memory, a description)."""
+"""The device (npu with torch_npu imported lazily, cuda, cpu), compiling for it, the host's cores."""
 import importlib
 import importlib.util
 import math
@@ -40,8 +39,7 @@ def choose_device(name):
 
 
 def open_device(device_type, local_rank=0, deterministic=False):
-    """The torch.device of this process (the card of its local rank), made current; ``deterministic``:
-    torch's deterministic kernels only (train.deterministic; cuBLAS needs its workspace setting)."""
+    """This process's torch.device, made current; ``deterministic``: torch's deterministic kernels only."""
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
@@ -102,11 +100,9 @@ def compile_backend(device_type):
     return {"backend": "inductor", "mode": None}
 
 
-# train.compile auto on cuda, from one H200 (2026-12-04, torch 2.11, scripts/bench_device.sh
-# compiled, ceiling, loop): compiling the model and the optimizer step (the app's first compiled
-# run took 28.5 s, an eager one 3.3 s), and the eager step: the host's floor (batch 64 took 9-15
-# ms, host-bound) or the images of MobileNetV1 at width 1.0 / 224 px at the eager rate (9,450-14,443
-# img/s at batch 256), scaled by the model's multiply-adds (model.relative_cost).
+# train.compile auto on cuda, from one H200 (2026-12-04, torch 2.11, scripts/bench_device.sh): compiling
+# took 28.5 s against 3.3 s eager; an eager step is the host's floor (9-15 ms at batch 64) or MobileNetV1's
+# rate (9,450-14,443 img/s at batch 256) scaled by the model's multiply-adds.
 COMPILE_SECONDS = 25.0
 EAGER_HOST_STEP_S = 0.010
 EAGER_IMG_PER_S = 12000.0
@@ -151,8 +147,7 @@ def auto_compile(setting, device_type, *, steps, batch, cost, eager_only=None):
 
 
 def without_cuda_graphs(choice, why, accumulation):
-    """``choice`` without CUDA graphs when a step accumulates micro-steps' grads (train.grad_accum_steps
-    > 1): grads accumulated across graph replays are lost or wrong (pytorch/pytorch#169545, #96693)."""
+    """``choice`` without CUDA graphs under accumulation, whose grads replays lose (pytorch/pytorch#169545)."""
     if accumulation > 1 and choice and choice.get("mode") == "reduce-overhead":
         return {**choice, "mode": None}, why + (f"; without CUDA graphs: {accumulation} micro-steps accumulate "
                                                 f"grads, which graph replays lose (pytorch/pytorch#169545)")

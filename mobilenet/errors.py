@@ -10,15 +10,12 @@ import traceback
 from pathlib import Path
 
 EXIT_USAGE, EXIT_FAILURE = 2, 1
-# Set by the multi-process launcher (mobilenet.launch): each worker leaves its exit code and line
-# there, so the launcher can print the line last, below torchrun's report.
+# Set by mobilenet.launch: each worker leaves its exit code and line there, for the launcher's last line.
 ERROR_DIR = "MOBILENET_ERROR_DIR"
 STOPPED = "{name}: stopped, nothing saved now (checkpoints written before stay valid)"
-# The signals that stop a run (a closed terminal sends SIGHUP; torchrun forwards all three). The one
-# source of this list, and of its rule (stop_signals).
+# The signals that stop a run (a closed terminal sends SIGHUP; torchrun forwards all three).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# Files being written through a temporary name (checkpoint.save_atomic): a process that ends at
-# once on a signal removes them first.
+# Files being written through a temporary name (save_atomic), which an ending at once removes.
 TEMPORARIES = set()
 
 

@@ -1,9 +1,6 @@
-"""The multi-process launch behind train.sh: torchrun's own launcher, run in this process (so
-signals reach it as they reach torchrun), with the training config checked once before any worker
-starts and a failure's one line printed last, below torchrun's report.
-
-python -m mobilenet.launch [torchrun flags] train.py [train.py flags]
-"""
+"""train.sh's multi-process launch: torchrun's launcher in this process, the config checked once
+before any worker starts, a failure's one line last, below torchrun's report.
+python -m mobilenet.launch [torchrun flags] train.py [train.py flags]"""
 import logging
 import os
 import shutil

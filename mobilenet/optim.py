@@ -36,8 +36,7 @@ class Algorithm:
 MOMENTUM, EPS = Setting(0.9, "[0, 1)"), Setting(1.0e-8, "(0, inf)")
 BETAS = Setting([0.9, 0.999], "[0, 1)")  # adam's two running-average factors
 
-# The one table of algorithms (optim.name); adding one, with its own settings, is an entry here:
-# config's schema, its checks and config.yaml take the settings from the rows.
+# The algorithms (optim.name): config's schema and checks take each row's own settings.
 ALGORITHMS = {
     "sgd": Algorithm(torch.optim.SGD, {"momentum": MOMENTUM, "nesterov": Setting(False)}, npu_fused="NpuFusedSGD"),
     "adam": Algorithm(torch.optim.Adam, {"betas": BETAS, "eps": EPS}, npu_fused="NpuFusedAdam"),
