@@ -347,7 +347,7 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     to runs/<name>-<optim.impl>; ``world`` to torchrun's; ``probe``: whether data.decode auto may
     measure the card (not in the launcher's check)."""
     from mobilenet.amp import choose_backend
-    from mobilenet.data.sources import auto_workers, choose_decode
+    from mobilenet.data.sources import auto_workers, choose_decode, source_name
     from mobilenet.device import choose_compile
     from mobilenet.device import choose_device
     from mobilenet.distributed import world_from_env
@@ -378,7 +378,8 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     derived["decode"], derived["decode_why"] = choose_decode(data["decode"], device, workers=derived["workers"],
                                                              card=cfg["device_id"] or world.local_rank, probe=probe,
                                                              per_sample=per_sample(cfg))
-    derived["not_taken"] = settings_not_taken(cfg)
+    derived["source"] = source_name(data["path"]) if data["path"] is not None else None  # a key of SOURCES
+    derived["not_taken"] = settings_not_taken(cfg, derived["source"] or "folder")
     check_combinations(cfg, derived)
     resolved = copy.deepcopy(cfg)
     resolved["output"] = cfg["output"] or f"runs/{name}-{optim['impl']}"
@@ -386,15 +387,15 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     return freeze(resolved)
 
 
-def settings_not_taken(cfg):
+def settings_not_taken(cfg, source_name):
     """A line for each setting given that the chosen row of one of the five tables does not take:
     ignored, and said. A row names its settings within its section, or whole ('augment.policy')."""
-    from mobilenet.data.sources import DATA_OPTIONAL, SOURCES, source_of
-    source = source_of(cfg["data"]["path"]) if cfg["data"]["path"] is not None else SOURCES["folder"]
+    from mobilenet.data.sources import DATA_OPTIONAL, SOURCES
+    source = SOURCES[source_name]
     policy = cfg["augment"]["policy"]
     rows = [("optim", cfg["optim"]["name"], ALGORITHMS[cfg["optim"]["name"]].hyperparameters, algorithm_settings()),
             ("model", cfg["model"]["name"], model_row(cfg["model"]["name"]).takes, MODEL_OPTIONAL),
-            ("data", next(name for name, row in SOURCES.items() if row is source), source.takes, DATA_OPTIONAL),
+            ("data", source_name, source.takes, DATA_OPTIONAL),
             ("schedule", cfg["schedule"]["name"], {**SCHEDULES[cfg["schedule"]["name"]].settings, **WARMUP},
              schedule_settings()),
             ("augment", f"augment.policy={policy}", POLICIES[policy].settings, policy_settings())]

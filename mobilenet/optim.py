@@ -1,14 +1,10 @@
 """Optimizers: one table of algorithms, one of implementations, and one of LR schedules.
 
-An implementation is how an algorithm's step runs, from most launches per step to fewest:
-  loop         torch's per-parameter for-loop (foreach=False): several small ops per tensor
-  foreach      torch's multi-tensor path (foreach=True): one op per operation for all tensors
-  torch_fused  torch's fused kernel (fused=True): one kernel for the whole update (cuda, cpu)
-  npu_fused    torch_npu.optim.NpuFused*: params, grads and state combined into contiguous buffers
-  apex_npu_fused  apex.optimizers.NpuFused* (Ascend's apex), whose buffers apex amp combines
-  plain        the class's own step, for a class that takes neither foreach nor fused
-``optim.impl=standard`` runs what an unmodified torch optimizer runs (``optim.foreach`` forces
-one); ``fused`` the device's fused one (apex's under apex amp), else the fewest launches it has.
+An implementation is how an algorithm's step runs, from most launches to fewest: loop (foreach=False:
+several ops per tensor), foreach (one op per operation for all tensors), torch_fused (fused=True: one
+kernel), npu_fused (torch_npu's NpuFused*: params, grads and state in contiguous buffers),
+apex_npu_fused (Ascend apex's, whose buffers apex amp combines), plain (the class's own step).
+``optim.impl=standard`` runs what torch runs unmodified; ``fused`` the device's fused one.
 """
 import importlib
 import math

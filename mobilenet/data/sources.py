@@ -137,15 +137,19 @@ SOURCES = {
 }
 
 
-def source_of(path):
-    """The source that claims data.path ``path`` (one at most), else the fallback source."""
+def source_name(path):
+    """The key of the source that claims data.path ``path`` (one at most), else the fallback's."""
     if path is None:
         raise UsageError("no dataset: pass --data /path/to/imagenet, --data synthetic or --data digits")
     claimed = [name for name, source in SOURCES.items() if not source.fallback and source.claims(path)]
     if len(claimed) > 1:
         raise UsageError(f"--data {path}: the sources {' and '.join(claimed)} of data.sources.SOURCES both claim "
                          f"it; make their claims exclusive")
-    return SOURCES[claimed[0]] if claimed else next(source for source in SOURCES.values() if source.fallback)
+    return claimed[0] if claimed else next(name for name, source in SOURCES.items() if source.fallback)
+
+
+def source_of(path):
+    return SOURCES[source_name(path)]
 
 
 def crops(data, model, augment):
