@@ -112,7 +112,7 @@ def prepared_example(folder):
     destination = Path(folder) / "prepared"
     script = Path(__file__).resolve().parents[2] / "scripts" / "prepare_data.py"
     subprocess.run([sys.executable, str(script), str(digits_root()), str(destination), "--workers", "1"],
-                   check=True, capture_output=True)
+                   check=True, stdout=subprocess.DEVNULL)  # its progress and any error on stderr
     return str(destination)
 
 
