@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from mobilenet.amp import LEVELS
-from mobilenet.data.augment import INTERPOLATIONS, POLICIES, per_sample, policy_settings
+from mobilenet.data.transforms import INTERPOLATIONS, POLICIES, per_sample, policy_settings
 from mobilenet.device import without_cuda_graphs
 from mobilenet.device import DEVICES
 from mobilenet.errors import UsageError
@@ -64,7 +64,7 @@ DEFAULTS = {
         **{name: setting.default for name, setting in schedule_settings().items()},
     },
     "augment": {
-        "policy": "none",          # after the crop and flip: a row of data.augment.POLICIES
+        "policy": "none",          # after the crop and flip: a row of data.transforms.POLICIES
         # and each policy's own settings, from its row
         **{name: setting.default for name, setting in policy_settings().items()},
         "random_erase": 0.0,       # the chance that RandomErasing blanks a box of an image

@@ -13,11 +13,10 @@ from torch import nn
 
 from mobilenet import checkpoint as ckpt
 from mobilenet.amp import build_precision
-from mobilenet.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ValCrop
+from mobilenet.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ValCrop, build_batch_mix
 from mobilenet.device import compiled
 from mobilenet.distributed import broadcast_from_rank0, wrap_ddp
 from mobilenet.model import build_model, load_weights
-from mobilenet.data.augment import build_batch_mix
 from mobilenet.optim import IMPLEMENTATIONS, build_optimizer, hold_lr_in_tensors, hyperparameters, parameter_decays
 
 NO_PHASE = contextlib.nullcontext()

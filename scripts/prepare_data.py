@@ -27,7 +27,8 @@ import torch
 
 from mobilenet.data.datasets import ImageFolderRGB, image_folder, read_regular_file, same_classes
 from mobilenet.data.prepared import FORMAT, MANIFEST, RECIPE, index_problem, is_prepared, manifest_problem
-from mobilenet.data.transforms import EncodedImage, largest_reduction, resize
+from mobilenet.data.datasets import EncodedImage
+from mobilenet.data.transforms import largest_reduction, resize
 from mobilenet.device import usable_cores
 from mobilenet.errors import STOP_SIGNALS, TrainingFailure, UsageError, stop_signals
 

@@ -1,4 +1,4 @@
-"""Augmentation (mobilenet/data/augment.py): every policy row trains, resumes mid-epoch bit-identically
+"""Augmentation (mobilenet/data/transforms.py): every policy row trains, resumes mid-epoch bit-identically
 with random erasing, MixUp/CutMix and repeated augmentation on, whatever the loader's workers;
 2 processes train what 1 process accumulating 2 forwards trains; the prepared set takes it, device
 decode refuses it in one line; bad values are one line and exit 2."""
@@ -12,7 +12,7 @@ import train
 from conftest import TINY, assert_same_weights, train_sh
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.config import build_config, resolve
-from mobilenet.data.augment import POLICIES, BatchMix
+from mobilenet.data.transforms import POLICIES, BatchMix
 from mobilenet.data.datasets import ResumableSampler
 from mobilenet.data.sources import SOURCES
 from mobilenet.errors import UsageError

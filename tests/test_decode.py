@@ -11,7 +11,8 @@ from torchvision import transforms
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2.functional import resized_crop
 
-from mobilenet.data.transforms import EncodedImage, TrainCrop, ValCrop, largest_reduction
+from mobilenet.data.datasets import EncodedImage
+from mobilenet.data.transforms import TrainCrop, ValCrop, largest_reduction
 
 
 def write_gradient_jpeg(path, width, height):

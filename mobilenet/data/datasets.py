@@ -1,6 +1,9 @@
-"""The datasets (a folder of files, synthetic images), the samplers and the loaders."""
+"""The datasets (a folder of files, synthetic images), decoding in the workers to uint8 CHW RGB tensors,
+the samplers and the loaders."""
 import contextlib
 import hashlib
+import io
+import math
 import multiprocessing
 import os
 import signal
@@ -8,12 +11,66 @@ import stat
 import sys
 from pathlib import Path
 
+import numpy
+import simplejpeg
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data import Sampler
 
-from mobilenet.data.transforms import EncodedImage
 from mobilenet.errors import UsageError, stop_signals
+
+
+class EncodedImage:
+    """An image file's bytes and size, decoded on demand: YCbCr and grayscale JPEGs by libjpeg-turbo
+    (simplejpeg), at 1/2-1/8 scale about that much faster; anything else (CMYK, PNGs) by PIL."""
+
+    def __init__(self, data):
+        self.data = data
+        self.full = None  # the full-scale pixels, once hold_full_scale() has been called
+        try:
+            self.height, self.width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            self.turbo = colorspace in ("YCbCr", "Gray")
+        except ValueError:  # not a JPEG libjpeg-turbo reads
+            self.turbo = False
+            with Image.open(io.BytesIO(data)) as image:  # PIL applies its bomb guard here
+                self.width, self.height = image.size
+        limit = Image.MAX_IMAGE_PIXELS
+        if self.turbo and limit and self.width * self.height > 2 * limit:  # PIL's guard, for JPEGs too
+            raise Image.DecompressionBombError(f"{self.width}x{self.height} pixels is over PIL's limit "
+                                               f"of {2 * limit} (Image.MAX_IMAGE_PIXELS)")
+
+    def hold_full_scale(self):
+        """From now on the full-scale decode is kept; returns the bytes this will hold."""
+        self.full = False
+        return len(self.data) + 3 * self.height * self.width
+
+    def decode(self, reduce=1):
+        """Decoded at about 1/reduce of full size (1, 2, 4 or 8; other factors decode slower)."""
+        if reduce == 1 and self.full is not None:
+            if self.full is False:
+                self.full = self._decode(1)
+            return self.full
+        return self._decode(reduce)
+
+    def _decode(self, reduce):
+        height, width = math.ceil(self.height / reduce), math.ceil(self.width / reduce)
+        if self.turbo:
+            pixels = simplejpeg.decode_jpeg(self.data, "RGB", min_height=height, min_width=width)
+        else:
+            with Image.open(io.BytesIO(self.data)) as image:
+                image.draft("RGB", (width, height))
+                pixels = rgb_pixels(image)
+        return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
+def rgb_pixels(image):
+    """HWC uint8 RGB of a PIL image. 16-bit grayscale (PNG, TIFF: modes I;16* and I) is scaled to 8
+    bits; PIL's convert("RGB") would clip every value above 255 to white."""
+    if image.mode.startswith("I;16") or image.mode == "I":
+        gray = (numpy.asarray(image).astype(numpy.uint32) >> 8).clip(0, 255).astype(numpy.uint8)
+        return numpy.repeat(gray[:, :, None], 3, axis=2)
+    return numpy.array(image.convert("RGB"))
 
 
 def sample_key(key):
@@ -72,7 +129,7 @@ class ImageSamples(Dataset):
                     break
                 if decoded:
                     image.decode(1)
-            except Exception as e:  # as in load()
+            except Exception as e:  # noqa: BLE001  as in load()
                 self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
                 continue
             cache[index] = image
@@ -90,7 +147,7 @@ class ImageSamples(Dataset):
         path, label = self.samples[index]
         try:
             image = self.transform(self.open(index), seed)
-        except Exception as e:  # decoders raise many types for bad data; each is this image's problem
+        except Exception as e:  # noqa: BLE001  decoders raise many types for bad data: this image's problem
             self.report_unreadable(index, path, f"{type(e).__name__}: {e}")
             return None
         if hasattr(image, "with_index"):  # still encoded (data.decode=device): it carries its index

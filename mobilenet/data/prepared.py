@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy
 
-from mobilenet.data.datasets import ImageSamples
-from mobilenet.data.transforms import EncodedImage
+from mobilenet.data.datasets import EncodedImage, ImageSamples
 from mobilenet.errors import UsageError
 
 MANIFEST = "prepared.json"

@@ -14,8 +14,7 @@ from typing import Callable
 from PIL import Image
 
 from mobilenet.data import prepared
-from mobilenet.data.augment import SampleAugment
-from mobilenet.data.transforms import TrainCrop, ValCrop
+from mobilenet.data.transforms import crops
 from mobilenet.data.datasets import EncodedImage, SyntheticImages, checked, image_folder, read_regular_file
 from mobilenet.device import usable_cores
 from mobilenet.errors import UsageError
@@ -150,15 +149,6 @@ def source_name(path):
 
 def source_of(path):
     return SOURCES[source_name(path)]
-
-
-def crops(data, model, augment):
-    """(train, val) transforms: the train crop, then the augment section's policy and erasing."""
-    train_side = model["resolution"] if data["train_resolution"] == "auto" else data["train_resolution"]
-    train = TrainCrop(train_side, scale=(data["min_scale"], 1.0), hflip=data["hflip"], mode=data["interpolation"])
-    if augment["policy"] != "none" or augment["random_erase"]:
-        train = SampleAugment(train, augment, data["interpolation"])
-    return train, ValCrop(model["resolution"], data["val_resize_ratio"], data["interpolation"])
 
 
 def build_datasets(data, model, augment, decode="workers"):

@@ -1,68 +1,22 @@
-"""Decoding in the loader's workers to uint8 CHW RGB tensors, and the crops (TrainCrop, ValCrop)."""
-import io
+"""What is done to a decoded image (uint8 CHW RGB): the crops (TrainCrop, ValCrop), and augmentation,
+the fifth table: a training image's policy after its crop (POLICIES, transforms.v2's), random
+erasing, and MixUp/CutMix on the device, as torchvision's references apply them. Each draw comes
+from torch's generator, forked and seeded from the sample's seed or (seed, epoch, step, virtual
+rank): a resumed or re-split run draws what the straight run draws."""
+import contextlib
+import hashlib
 import math
 import random
+from dataclasses import dataclass
+from typing import Callable
 
-import numpy
-import simplejpeg
 import torch
 import torch.nn.functional as F
-from PIL import Image
+
+from mobilenet.tables import Setting, row_settings
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-class EncodedImage:
-    """An image file's bytes and size, decoded on demand: YCbCr and grayscale JPEGs by libjpeg-turbo
-    (simplejpeg), at 1/2-1/8 scale about that much faster; anything else (CMYK, PNGs) by PIL."""
-
-    def __init__(self, data):
-        self.data = data
-        self.full = None  # the full-scale pixels, once hold_full_scale() has been called
-        try:
-            self.height, self.width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-            self.turbo = colorspace in ("YCbCr", "Gray")
-        except ValueError:  # not a JPEG libjpeg-turbo reads
-            self.turbo = False
-            with Image.open(io.BytesIO(data)) as image:  # PIL applies its bomb guard here
-                self.width, self.height = image.size
-        limit = Image.MAX_IMAGE_PIXELS
-        if self.turbo and limit and self.width * self.height > 2 * limit:  # PIL's guard, for JPEGs too
-            raise Image.DecompressionBombError(f"{self.width}x{self.height} pixels is over PIL's limit "
-                                               f"of {2 * limit} (Image.MAX_IMAGE_PIXELS)")
-
-    def hold_full_scale(self):
-        """From now on the full-scale decode is kept; returns the bytes this will hold."""
-        self.full = False
-        return len(self.data) + 3 * self.height * self.width
-
-    def decode(self, reduce=1):
-        """Decoded at about 1/reduce of full size (1, 2, 4 or 8; other factors decode slower)."""
-        if reduce == 1 and self.full is not None:
-            if self.full is False:
-                self.full = self._decode(1)
-            return self.full
-        return self._decode(reduce)
-
-    def _decode(self, reduce):
-        height, width = math.ceil(self.height / reduce), math.ceil(self.width / reduce)
-        if self.turbo:
-            pixels = simplejpeg.decode_jpeg(self.data, "RGB", min_height=height, min_width=width)
-        else:
-            with Image.open(io.BytesIO(self.data)) as image:
-                image.draft("RGB", (width, height))
-                pixels = rgb_pixels(image)
-        return torch.from_numpy(pixels).permute(2, 0, 1)
-
-
-def rgb_pixels(image):
-    """HWC uint8 RGB of a PIL image. 16-bit grayscale (PNG, TIFF: modes I;16* and I) is scaled to 8
-    bits; PIL's convert("RGB") would clip every value above 255 to white."""
-    if image.mode.startswith("I;16") or image.mode == "I":
-        gray = (numpy.asarray(image).astype(numpy.uint32) >> 8).clip(0, 255).astype(numpy.uint8)
-        return numpy.repeat(gray[:, :, None], 3, axis=2)
-    return numpy.array(image.convert("RGB"))
 
 
 def largest_reduction(height, width, keep):
@@ -142,3 +96,98 @@ class ValCrop:
         top = int(round((pixels.shape[1] - self.size) / 2.0))
         left = int(round((pixels.shape[2] - self.size) / 2.0))
         return pixels[:, top:top + self.size, left:left + self.size]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``build(v2, interpolation, augment)``: the transforms.v2 policy of a uint8 CHW image (None:
+    none), ``augment`` the config's section; ``settings``: the augment.* settings it takes."""
+    build: Callable
+    settings: dict
+
+
+# The policies (augment.policy), named as the references' --auto-augment names them; a row is a
+# few lines: its transforms.v2 class and the settings it takes.
+POLICIES = {
+    "none": Policy(lambda v2, interpolation, a: None, {}),
+    **{name: Policy(lambda v2, interpolation, a, name=name: v2.AutoAugment(v2.AutoAugmentPolicy(name), interpolation),
+                    {}) for name in ("imagenet", "cifar10", "svhn")},
+    "ra": Policy(lambda v2, interpolation, a: v2.RandAugment(magnitude=a["ra_magnitude"], interpolation=interpolation),
+                 {"ra_magnitude": Setting(9, "[0, 30]")}),  # RandAugment's 31 magnitude bins
+    "ta_wide": Policy(lambda v2, interpolation, a: v2.TrivialAugmentWide(interpolation=interpolation), {}),
+    "augmix": Policy(lambda v2, interpolation, a: v2.AugMix(severity=a["augmix_severity"], interpolation=interpolation),
+                     {"augmix_severity": Setting(3, "[1, 10]")}),
+}
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")  # data.interpolation: the crops' and the policy's
+# The references erase after normalising, with 0: the mean pixel, which on uint8 is this one.
+ERASED = [round(255 * mean) for mean in IMAGENET_MEAN]
+
+
+def policy_settings():
+    """{name: Setting} of every policy's own settings: the augment.* schema they add to config."""
+    return row_settings("augment.POLICIES", {name: row.settings for name, row in POLICIES.items()})
+
+
+def per_sample(cfg):
+    """What of ``cfg`` transforms each image in the workers beyond the crop and flip, or ''."""
+    augment, data = cfg["augment"], cfg["data"]
+    given = [f"augment.policy={augment['policy']}" if augment["policy"] != "none" else "",
+             f"augment.random_erase={augment['random_erase']:g}" if augment["random_erase"] else "",
+             f"data.interpolation={data['interpolation']}" if data["interpolation"] != "bilinear" else ""]
+    return ", ".join(item for item in given if item)
+
+
+class SampleAugment:
+    """The crop (a TrainCrop), then the policy and random erasing, drawn from the sample's seed."""
+
+    def __init__(self, crop, augment, interpolation):
+        from torchvision.transforms import v2
+        mode = v2.InterpolationMode(interpolation)
+        policy = POLICIES[augment["policy"]].build(v2, mode, augment)
+        erase = v2.RandomErasing(augment["random_erase"], value=ERASED) if augment["random_erase"] else None
+        self.crop, self.transforms = crop, [t for t in (policy, erase) if t is not None]
+
+    def __call__(self, image, seed):
+        pixels = self.crop(image, seed)
+        with drawn_from(seed):
+            for transform in self.transforms:
+                pixels = transform(pixels)
+        return pixels
+
+
+class BatchMix:
+    """MixUp and CutMix of a batch (torchvision's v2.MixUp and v2.CutMix; with both, one of them a
+    batch, as the references choose), the labels becoming soft targets of ``num_classes``."""
+
+    def __init__(self, augment, num_classes, seed):
+        from torchvision.transforms import v2
+        mixes = [cls(alpha=augment[key], num_classes=num_classes)
+                 for cls, key in ((v2.MixUp, "mixup_alpha"), (v2.CutMix, "cutmix_alpha")) if augment[key] > 0]
+        self.mix, self.seed = mixes[0] if len(mixes) == 1 else v2.RandomChoice(mixes), seed
+
+    def __call__(self, images, labels, *, epoch, step, virtual_rank):
+        draw = hashlib.sha256(f"mix {self.seed} {epoch} {step} {virtual_rank}".encode()).digest()[:8]
+        with drawn_from(int.from_bytes(draw, "little")):
+            return self.mix(images, labels)
+
+
+@contextlib.contextmanager
+def drawn_from(seed):
+    """torch's (cpu) generator seeded with ``seed`` inside, and as it was after: no other draw moves."""
+    with torch.random.fork_rng(devices=()):
+        torch.manual_seed(seed % 2**64)
+        yield
+
+
+def build_batch_mix(augment, num_classes, seed):
+    """The BatchMix of the ``augment`` section, or None (both alphas 0)."""
+    return BatchMix(augment, num_classes, seed) if augment["mixup_alpha"] or augment["cutmix_alpha"] else None
+
+
+def crops(data, model, augment):
+    """(train, val) transforms: the train crop, then the augment section's policy and erasing."""
+    train_side = model["resolution"] if data["train_resolution"] == "auto" else data["train_resolution"]
+    train = TrainCrop(train_side, scale=(data["min_scale"], 1.0), hflip=data["hflip"], mode=data["interpolation"])
+    if augment["policy"] != "none" or augment["random_erase"]:
+        train = SampleAugment(train, augment, data["interpolation"])
+    return train, ValCrop(model["resolution"], data["val_resize_ratio"], data["interpolation"])

@@ -9,7 +9,7 @@ then prepares them at the default settings. For each source:
   cost     one core's milliseconds per image, every image once in one thread: read (the file, or
            the memory map's slice, and the header), decode, crop and resize (with the flip), and
            collation into a batch; also for sets prepared at each of --max-sides
-  augment  one core's milliseconds per image of each augmentation (data/augment.py: every policy
+  augment  one core's milliseconds per image of each augmentation (data/transforms.py: every policy
            row, random erasing at p=1, MixUp/CutMix on a batch) against the folder's decode, crop
            and flip alone, and the cores that feed 10,000 img/s with each (read and collation too)
   feed     img/s the app's train loader delivers alone, with 0 workers, 1, every usable core, and
@@ -119,7 +119,7 @@ def augment_variants(dataset, batch):
     import torch
 
     from mobilenet.config import DEFAULTS
-    from mobilenet.data.augment import POLICIES, BatchMix, SampleAugment
+    from mobilenet.data.transforms import POLICIES, BatchMix, SampleAugment
     images = [dataset.read(index) for index in range(len(dataset))]
     crop = dataset.transform
     rows = {"decode, crop and flip": crop}
