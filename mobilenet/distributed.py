@@ -35,13 +35,12 @@ def world_from_env():
                  int(env.get("TORCHELASTIC_RESTART_COUNT", 0)), int(env.get("LOCAL_WORLD_SIZE", 1)))
 
 
-def init_process_group(world, device, stall_timeout=0):
-    """hccl on npu, nccl on cuda, gloo on cpu; none for a world of one. A collective times out at
-    twice the stall timeout and a minute (the watchdog names the culprit first); a failed meeting
-    is one line."""
+def init_process_group(world, device, wait=1800):
+    """hccl on npu, nccl on cuda, gloo on cpu; none for a world of one. A collective times out after
+    ``wait`` seconds (torch's default; a run's: its Watchdog's collective_wait); a failed meeting is
+    one line."""
     if world.size > 1 and not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        wait = 2 * stall_timeout + 60 if stall_timeout > 0 else DEFAULT_WAIT_S
         kwargs["timeout"] = datetime.timedelta(seconds=wait)
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         if "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun's agents met already, and say so
@@ -69,9 +68,6 @@ def exit_process(code):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-DEFAULT_WAIT_S = 1800  # torch's own default for a collective (train.stall_timeout 0)
 
 
 def meeting_failure(error, world, where, wait):

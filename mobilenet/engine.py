@@ -17,11 +17,11 @@ from mobilenet.config import differing_settings, thaw
 from mobilenet.data.datasets import build_loaders
 from mobilenet.data.sources import build_datasets
 from mobilenet.data.datasets import WorkerSignals, data_record
-from mobilenet.device import open_device
+from mobilenet.device import describe, open_device
 from mobilenet.distributed import (any_rank, any_rank_restarted, destroy, every_rank, host_group, init_process_group,
                                    world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
-from mobilenet.logging import RunLogger, progress_line, run_description
+from mobilenet.logging import RunLogger, progress_line
 from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown
 from mobilenet.measure import named_phase, profiler
 from mobilenet.state import TrainingState
@@ -128,7 +128,8 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
                          f"{world.size} run: resolve it in the processes that train")
     card = cfg["device_id"] if cfg["device_id"] is not None else world.local_rank
     device = open_device(cfg["derived"]["device"], card, cfg["train"]["deterministic"])
-    init_process_group(world, device, cfg["train"]["stall_timeout"])
+    watchdog = Watchdog(cfg["train"]["stall_timeout"], world, cfg["data"]["path"], Path(cfg["output"]) / "checkpoints")
+    init_process_group(world, device, watchdog.collective_wait)
     mark_started()
     try:
         restarted = any_rank_restarted(world) and not evaluate_only
@@ -144,7 +145,7 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
             if resume:  # first: its global batch is kept, on any number of processes
                 cfg, chosen = resume_policy.prepare(cfg, resume, fallback=fallback, evaluate_only=evaluate_only,
                                                     say=log.info)
-            r = build_run(cfg, world, device, log)
+            r = build_run(cfg, world, device, log, watchdog)
             check_same_job(r)
             if resume:
                 resume_policy.restore(r, chosen, evaluate_only=evaluate_only)
@@ -159,7 +160,7 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
         destroy()
 
 
-def build_run(cfg, world, device, log):
+def build_run(cfg, world, device, log, watchdog):
     derived, data = cfg["derived"], cfg["data"]
     train_set, val_set = build_datasets(data, cfg["model"], cfg["augment"], decode=derived["decode"])
     worker_signals = WorkerSignals()
@@ -179,9 +180,27 @@ def build_run(cfg, world, device, log):
         state.step.phase = breakdown.phase
     elif cfg["train"]["profile"]:  # the phases as ranges in the trace
         state.step.phase = named_phase
-    watchdog = Watchdog(cfg["train"]["stall_timeout"], world, data["path"], Path(cfg["output"]) / "checkpoints")
     return Run(cfg, world, device, state, train_loader, val_loader, log, worker_signals,
-               watchdog, RunClock(compiled=derived["compile"] is not None), behaviours_for(cfg), breakdown)
+               watchdog, RunClock(compiled=derived["compile"] is not None), behaviours_for(), breakdown)
+
+
+def run_description(cfg, *, device, images, steps):
+    """The lines that open a run's log; ``images``: (train, val)."""
+    derived, data, optim = cfg["derived"], cfg["data"], cfg["optim"]
+    optimizer = derived["optimizer_class"]
+    scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
+    auto = " (auto: from the usable cores)" if data["workers"] == "auto" else ""
+    forwards = derived["grad_accum_steps"]
+    accumulated = f" x {forwards} forwards accumulated" if forwards > 1 else ""
+    return [f"device {describe(device)}, {derived['world_size']} process(es); optimizer {optimizer}; amp "
+            f"{cfg['amp']['level']} ({derived['amp_backend']})",
+            f"data {data['path']}: {images[0]} train / {images[1]} val images, batch {data['batch_size']} per "
+            f"process x {derived['world_size']}{accumulated} = {derived['global_batch']} global, {steps} steps/epoch, "
+            f"lr {derived['lr']:g}{scaled}",
+            f"data.workers {derived['workers']}{auto}; data.decode {derived['decode_why']}; "
+            f"train.compile {derived['compile_why']}",
+            *(f"command line: {note}" for note in derived["command_line"]),
+            *(f"note: {note}" for note in derived["not_taken"])]
 
 
 def check_same_job(r):

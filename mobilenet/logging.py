@@ -12,7 +12,6 @@ from pathlib import Path
 import yaml
 
 from mobilenet.checkpoint import save_atomic
-from mobilenet.device import describe
 from mobilenet.errors import TrainingFailure, UsageError
 
 
@@ -30,25 +29,6 @@ def progress_line(*, epoch, step, steps, eta_epoch, eta_run, img_per_s, data_wai
     return (f"Epoch: [{epoch}][{step}/{steps}]  eta {hms(eta_epoch)} epoch, {hms(eta_run)} run  "
             f"img/s {img_per_s:.1f}  data wait {data_wait:.0%}  loss {loss:.4f}  lr {lr:.5f}  "
             f"elapsed {hms(elapsed)}{tail}")
-
-
-def run_description(cfg, *, device, images, steps):
-    """The lines that open a run's log; ``images``: (train, val)."""
-    derived, data, optim = cfg["derived"], cfg["data"], cfg["optim"]
-    optimizer = derived["optimizer_class"]
-    scaled = f" ({optim['lr']:g} per {optim['lr_scale_batch']} images)" if optim["lr_scale_batch"] else ""
-    auto = " (auto: from the usable cores)" if data["workers"] == "auto" else ""
-    forwards = derived["grad_accum_steps"]
-    accumulated = f" x {forwards} forwards accumulated" if forwards > 1 else ""
-    return [f"device {describe(device)}, {derived['world_size']} process(es); optimizer {optimizer}; amp "
-            f"{cfg['amp']['level']} ({derived['amp_backend']})",
-            f"data {data['path']}: {images[0]} train / {images[1]} val images, batch {data['batch_size']} per "
-            f"process x {derived['world_size']}{accumulated} = {derived['global_batch']} global, {steps} steps/epoch, "
-            f"lr {derived['lr']:g}{scaled}",
-            f"data.workers {derived['workers']}{auto}; data.decode {derived['decode_why']}; "
-            f"train.compile {derived['compile_why']}",
-            *(f"command line: {note}" for note in derived["command_line"]),
-            *(f"note: {note}" for note in derived["not_taken"])]
 
 
 def trim_records_after(path, global_step):

@@ -8,8 +8,6 @@ apex_npu_fused (Ascend apex's, whose buffers apex amp combines), plain (the clas
 """
 import importlib
 import math
-import re
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -199,7 +197,7 @@ def describe_optimizer(name, implementation, impl="standard"):
 
 # The LR schedules (schedule.name): a row's ``factor(step, steps_per_epoch, total, s)`` multiplies the
 # base LR after the warm-up (``s``: the section, min_lr as a share of the LR). A row must be a
-# closed form of the step: a resume moves the schedule by the step alone (schedule_at), so a stateful
+# closed form of the step: a resume moves the schedule by the step alone (state.schedule_at), so a stateful
 # scheduler (torch's StepLR) would go on from a wrong LR. tests/test_optim.py resumes every row.
 @dataclass(frozen=True)
 class Schedule:
@@ -224,35 +222,3 @@ SCHEDULES = {
 # The settings every schedule takes: the warm-up, and whether the LR moves once an epoch.
 WARMUP = {"warmup_epochs": Setting(0.0, "[0, inf)"), "warmup_start_factor": Setting(0.1, "(0, 1]"),
           "warmup_method": Setting("linear"), "per_epoch": Setting(False)}
-
-
-def lr_factor_fn(schedule, steps_per_epoch, epochs, base_lr):
-    """The base LR's multiplier at each step: the warm-up, then the schedule's row (under per_epoch,
-    each epoch's first step's). step counts from the run's start (the references: from the
-    warm-up's end), cosine from the warm-up's end."""
-    warmup, start = round(schedule["warmup_epochs"] * steps_per_epoch), schedule["warmup_start_factor"]
-    row, s = SCHEDULES[schedule["name"]], {**schedule, "min_lr": schedule["min_lr"] / base_lr}
-    total = epochs * steps_per_epoch
-
-    def factor(step):
-        if schedule["per_epoch"]:
-            step -= step % steps_per_epoch
-        if step < warmup:
-            return start if schedule["warmup_method"] == "constant" else start + (1 - start) * step / warmup
-        after = step if schedule["name"] == "step" else step - warmup
-        return row.factor(after, steps_per_epoch, total - warmup, s)
-    return factor
-
-
-def build_scheduler(optimizer, *, schedule, base_lr, steps_per_epoch, epochs):
-    """Per-iteration LambdaLR from the ``schedule`` config section."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor_fn(schedule, steps_per_epoch, epochs, base_lr))
-
-
-def schedule_at(scheduler, at):
-    """``scheduler`` moved to the LR of step ``at`` (a resume): a row's closed form needs nothing else."""
-    scheduler.last_epoch = at - 1
-    with warnings.catch_warnings():
-        # A resume's repositioning makes no optimizer.step(), on purpose; torch warns about that order.
-        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
-        scheduler.step()

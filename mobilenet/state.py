@@ -1,13 +1,15 @@
 """The run's training state: the step, its position, its LR schedule and its checkpoint (whether a
 checkpoint may be resumed, and how, is mobilenet/resume.py's)."""
 import hashlib
+import re
+import warnings
 
 import torch
 
 from mobilenet.device import device_module
 from mobilenet.distributed import every_rank
 from mobilenet.model import load_weights, unwrap_state_dict
-from mobilenet.optim import ALGORITHMS, build_scheduler, hold_lr_in_tensors, plain_numbers, schedule_at
+from mobilenet.optim import ALGORITHMS, SCHEDULES, hold_lr_in_tensors, plain_numbers
 from mobilenet.training import build_train_step
 
 
@@ -172,3 +174,35 @@ def set_rng_states(states, device):
     torch.set_rng_state(states["torch"])
     if "device" in states and device_module(device) is not None:
         device_module(device).set_rng_state(states["device"])
+
+
+def lr_factor_fn(schedule, steps_per_epoch, epochs, base_lr):
+    """The base LR's multiplier at each step: the warm-up, then the schedule's row (under per_epoch,
+    each epoch's first step's). step counts from the run's start (the references: from the
+    warm-up's end), cosine from the warm-up's end."""
+    warmup, start = round(schedule["warmup_epochs"] * steps_per_epoch), schedule["warmup_start_factor"]
+    row, s = SCHEDULES[schedule["name"]], {**schedule, "min_lr": schedule["min_lr"] / base_lr}
+    total = epochs * steps_per_epoch
+
+    def factor(step):
+        if schedule["per_epoch"]:
+            step -= step % steps_per_epoch
+        if step < warmup:
+            return start if schedule["warmup_method"] == "constant" else start + (1 - start) * step / warmup
+        after = step if schedule["name"] == "step" else step - warmup
+        return row.factor(after, steps_per_epoch, total - warmup, s)
+    return factor
+
+
+def build_scheduler(optimizer, *, schedule, base_lr, steps_per_epoch, epochs):
+    """Per-iteration LambdaLR from the ``schedule`` config section."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor_fn(schedule, steps_per_epoch, epochs, base_lr))
+
+
+def schedule_at(scheduler, at):
+    """``scheduler`` moved to the LR of step ``at`` (a resume): a row's closed form needs nothing else."""
+    scheduler.last_epoch = at - 1
+    with warnings.catch_warnings():
+        # A resume's repositioning makes no optimizer.step(), on purpose; torch warns about that order.
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+        scheduler.step()

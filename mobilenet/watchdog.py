@@ -34,6 +34,11 @@ class Watchdog:
         self.saving = None      # the file being written, while waiting for "save"
         self.stopped = threading.Event()
 
+    @property
+    def collective_wait(self):
+        """A collective's timeout in s: twice this one and a minute (this names the culprit first), or 1800."""
+        return 2 * self.timeout + 60 if self.timeout > 0 else 1800
+
     def __enter__(self):
         self.wakeup_read, write = os.pipe()
         os.set_blocking(write, False)

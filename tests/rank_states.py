@@ -20,6 +20,7 @@ from mobilenet.engine import build_run, enter, fit
 from mobilenet.errors import TrainingFailure
 from mobilenet.logging import RunLogger
 from mobilenet.resume import prepare, restore
+from mobilenet.watchdog import Watchdog
 
 
 def held_state(r):
@@ -38,7 +39,9 @@ def train(args, world, device, resume=None, before_fit=None):
     with ckpt.claim_run_directory(cfg["output"], resume=resume, start_over=False, claim=world.is_main):
         if resume:
             cfg, chosen = prepare(cfg, resume)
-        r = build_run(cfg, world, device, RunLogger(Path(cfg["output"]), enabled=world.is_main))
+        output = Path(cfg["output"])
+        watchdog = Watchdog(cfg["train"]["stall_timeout"], world, cfg["data"]["path"], output / "checkpoints")
+        r = build_run(cfg, world, device, RunLogger(output, enabled=world.is_main), watchdog)
         if resume:
             restore(r, chosen)
         if before_fit:

@@ -9,8 +9,9 @@ import train
 from conftest import ROOT, TINY
 from mobilenet.config import DEFAULTS, build_config, resolve
 from mobilenet.model import MobileNetV1
-from mobilenet.optim import (ALGORITHMS, parameter_decays, IMPLEMENTATIONS, SCHEDULES, build_optimizer, build_scheduler,
-                             choose_implementation, describe_optimizer, lr_factor_fn, schedule_at)
+from mobilenet.optim import (ALGORITHMS, parameter_decays, IMPLEMENTATIONS, SCHEDULES, build_optimizer,
+                             choose_implementation, describe_optimizer)
+from mobilenet.state import build_scheduler, lr_factor_fn, schedule_at
 
 FAMILIES = ["sgd", "adam", "adamw", "rmsprop"]
 HYPER = {"momentum": 0.9, "nesterov": False, "betas": (0.9, 0.999), "eps": 1e-8, "alpha": 0.99}

@@ -10,7 +10,7 @@ import yaml
 from conftest import ROOT, train_sh
 from mobilenet.cli import build_parser, config_from_args
 from mobilenet.config import differing_settings, thaw
-from mobilenet.optim import lr_factor_fn
+from mobilenet.state import lr_factor_fn
 from test_dialects import resolved
 
 RECIPES = sorted((ROOT / "configs" / "recipes").glob("*.yaml"))

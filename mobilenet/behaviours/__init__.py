@@ -9,7 +9,6 @@ from mobilenet.behaviours.rank_agreement import RankAgreement
 from mobilenet.behaviours.unreadable_classes import UnreadableClasses
 
 
-def behaviours_for(cfg):
-    """The run's behaviours, in the order they are entered."""
-    several = cfg["derived"]["world_size"] > 1
-    return [LostSummary(), *([RankAgreement()] if several else []), UnreadableClasses(), Advice(cfg)]
+def behaviours_for():
+    """The run's behaviours, in the order they are entered; each reads the run at its points."""
+    return [LostSummary(), RankAgreement(), UnreadableClasses(), Advice()]

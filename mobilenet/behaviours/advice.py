@@ -1,16 +1,15 @@
 """Advice lines, each said once a run at a log interval: where bfloat16 pays on this CPU, and what
-to do when the loader stays the bottleneck. Their inputs are resolved once, when the run is built."""
+to do when the loader stays the bottleneck. Their inputs are read once, when the run starts."""
 from mobilenet.data.sources import SOURCES
-from mobilenet.distributed import world_from_env
 from mobilenet.device import cpu_bf16_features, usable_cores
 from mobilenet.model import multiply_adds
 
 
 class Advice:
-    def __init__(self, cfg):
-        self.once = [line for line in (bf16_hint(cfg),) if line]  # at the first interval
-        self.data_wait = DataWaitHint(cfg["derived"]["workers"], usable_cores() // world_from_env().local_size,
-                                      SOURCES[cfg["derived"]["source"]].preparable)
+    def at_start(self, r):
+        self.once = [line for line in (bf16_hint(r.cfg),) if line]  # at the first interval
+        self.data_wait = DataWaitHint(r.cfg["derived"]["workers"], usable_cores() // r.world.local_size,
+                                      SOURCES[r.cfg["derived"]["source"]].preparable)
 
     def at_log(self, r, interval):
         for line in [*self.once, self.data_wait.line(interval.data_wait)]:

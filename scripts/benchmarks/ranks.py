@@ -29,8 +29,7 @@ def timed(args, overrides, impl, level):
     cfg = resolve(build_config(ROOT / "configs" / "synthetic.yaml", [
         f"model.width_mult={args.width}", f"model.resolution={args.resolution}",
         f"data.batch_size={args.batch_size}", f"amp.level={level}", *SETTINGS[impl], *overrides]))
-    several = {**cfg, "derived": {**cfg["derived"], "world_size": 2}}  # the behaviours of a job of two
-    shared_state = next(b for b in behaviours_for(several) if hasattr(b, "shared_state")).shared_state
+    shared_state = next(b for b in behaviours_for() if hasattr(b, "shared_state")).shared_state
     device = open_device(cfg["derived"]["device"])
     state = TrainingState(cfg, device, steps_per_epoch=1000)
     state.step.train()
