@@ -1,21 +1,22 @@
 """Advice lines, each said once a run at a log interval: where bfloat16 pays on this CPU, and what
-to do when the loader stays the bottleneck. Their inputs are read once, when the run starts."""
+to do when the loader stays the bottleneck. Their inputs are read once, at the first interval."""
 from mobilenet.data.sources import SOURCES
 from mobilenet.device import cpu_bf16_features, usable_cores
 from mobilenet.model import multiply_adds
 
 
 class Advice:
-    def at_start(self, r):
-        self.once = [line for line in (bf16_hint(r.cfg),) if line]  # at the first interval
-        self.data_wait = DataWaitHint(r.cfg["derived"]["workers"], usable_cores() // r.world.local_size,
-                                      SOURCES[r.cfg["derived"]["source"]].preparable)
+    data_wait = None
 
     def at_log(self, r, interval):
-        for line in [*self.once, self.data_wait.line(interval.data_wait)]:
+        once = []
+        if self.data_wait is None:  # the first interval
+            once = [bf16_hint(r.cfg)]
+            self.data_wait = DataWaitHint(r.cfg["derived"]["workers"], usable_cores() // r.world.local_size,
+                                          SOURCES[r.cfg["derived"]["source"]].preparable)
+        for line in [*once, self.data_wait.line(interval.data_wait)]:
             if line:
                 r.log.info(line)
-        self.once = []
 
 
 class DataWaitHint:
