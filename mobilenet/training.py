@@ -3,6 +3,7 @@ and its input on the device (``DevicePrefetcher``)."""
 import contextlib
 import copy
 import functools
+import hashlib
 import itertools
 import types
 from collections import defaultdict
@@ -13,7 +14,7 @@ from torch import nn
 
 from mobilenet import checkpoint as ckpt
 from mobilenet.amp import build_precision
-from mobilenet.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ValCrop, build_batch_mix
+from mobilenet.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ValCrop, drawn_from
 from mobilenet.device import compiled
 from mobilenet.distributed import broadcast_from_rank0, wrap_ddp
 from mobilenet.model import build_model, load_weights
@@ -37,7 +38,7 @@ class TrainStep:
         self.net, self.wrapped, self.optimizer = net, wrapped, optimizer
         self.precision, self.criterion, self.ema = precision, criterion, ema
         self.implementation, self.compiled = implementation, compiled
-        self.mix, self.clip_grad_norm = mix, clip_grad_norm  # augment's BatchMix; train.clip_grad_norm
+        self.mix, self.clip_grad_norm = mix, clip_grad_norm  # a BatchMix; train.clip_grad_norm
         self.device, self.channels_last, self.decode_on_device = device, channels_last, decode_on_device
         self.set_to_none = IMPLEMENTATIONS[implementation].grads_to_none
         self.phase = no_phase
@@ -126,6 +127,27 @@ class TrainStep:
     def skips_bad_steps(self):
         """Whether a non-finite loss is a step the dynamic loss scaler skips (else the run diverged)."""
         return self.precision.dynamic_loss_scale
+
+
+class BatchMix:
+    """MixUp and CutMix of a batch (torchvision's v2.MixUp and v2.CutMix; with both, one of them a
+    batch, as the references choose), the labels becoming soft targets of ``num_classes``."""
+
+    def __init__(self, augment, num_classes, seed):
+        from torchvision.transforms import v2
+        mixes = [cls(alpha=augment[key], num_classes=num_classes)
+                 for cls, key in ((v2.MixUp, "mixup_alpha"), (v2.CutMix, "cutmix_alpha")) if augment[key] > 0]
+        self.mix, self.seed = mixes[0] if len(mixes) == 1 else v2.RandomChoice(mixes), seed
+
+    def __call__(self, images, labels, *, epoch, step, virtual_rank):
+        draw = hashlib.sha256(f"mix {self.seed} {epoch} {step} {virtual_rank}".encode()).digest()[:8]
+        with drawn_from(int.from_bytes(draw, "little")):
+            return self.mix(images, labels)
+
+
+def build_batch_mix(augment, num_classes, seed):
+    """The BatchMix of the ``augment`` section, or None (both alphas 0)."""
+    return BatchMix(augment, num_classes, seed) if augment["mixup_alpha"] or augment["cutmix_alpha"] else None
 
 
 def build_train_step(cfg, device):

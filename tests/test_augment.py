@@ -12,7 +12,8 @@ import train
 from conftest import TINY, assert_same_weights, train_sh
 from mobilenet.checkpoint import load_checkpoint
 from mobilenet.config import build_config, resolve
-from mobilenet.data.transforms import POLICIES, BatchMix
+from mobilenet.data.transforms import POLICIES
+from mobilenet.training import BatchMix
 from mobilenet.data.datasets import ResumableSampler
 from mobilenet.data.sources import SOURCES
 from mobilenet.errors import UsageError

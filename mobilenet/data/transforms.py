@@ -1,10 +1,8 @@
 """What is done to a decoded image (uint8 CHW RGB): the crops (TrainCrop, ValCrop), and augmentation,
 the fifth table: a training image's policy after its crop (POLICIES, transforms.v2's), random
-erasing, and MixUp/CutMix on the device, as torchvision's references apply them. Each draw comes
-from torch's generator, forked and seeded from the sample's seed or (seed, epoch, step, virtual
-rank): a resumed or re-split run draws what the straight run draws."""
+erasing, as torchvision's references apply them. Each draw comes from torch's generator, forked
+and seeded from the sample's seed: a resumed or re-split run draws what the straight run draws."""
 import contextlib
-import hashlib
 import math
 import random
 from dataclasses import dataclass
@@ -155,33 +153,12 @@ class SampleAugment:
         return pixels
 
 
-class BatchMix:
-    """MixUp and CutMix of a batch (torchvision's v2.MixUp and v2.CutMix; with both, one of them a
-    batch, as the references choose), the labels becoming soft targets of ``num_classes``."""
-
-    def __init__(self, augment, num_classes, seed):
-        from torchvision.transforms import v2
-        mixes = [cls(alpha=augment[key], num_classes=num_classes)
-                 for cls, key in ((v2.MixUp, "mixup_alpha"), (v2.CutMix, "cutmix_alpha")) if augment[key] > 0]
-        self.mix, self.seed = mixes[0] if len(mixes) == 1 else v2.RandomChoice(mixes), seed
-
-    def __call__(self, images, labels, *, epoch, step, virtual_rank):
-        draw = hashlib.sha256(f"mix {self.seed} {epoch} {step} {virtual_rank}".encode()).digest()[:8]
-        with drawn_from(int.from_bytes(draw, "little")):
-            return self.mix(images, labels)
-
-
 @contextlib.contextmanager
 def drawn_from(seed):
     """torch's (cpu) generator seeded with ``seed`` inside, and as it was after: no other draw moves."""
     with torch.random.fork_rng(devices=()):
         torch.manual_seed(seed % 2**64)
         yield
-
-
-def build_batch_mix(augment, num_classes, seed):
-    """The BatchMix of the ``augment`` section, or None (both alphas 0)."""
-    return BatchMix(augment, num_classes, seed) if augment["mixup_alpha"] or augment["cutmix_alpha"] else None
 
 
 def crops(data, model, augment):

@@ -119,7 +119,8 @@ def augment_variants(dataset, batch):
     import torch
 
     from mobilenet.config import DEFAULTS
-    from mobilenet.data.transforms import POLICIES, BatchMix, SampleAugment
+    from mobilenet.data.transforms import POLICIES, SampleAugment
+    from mobilenet.training import BatchMix
     images = [dataset.read(index) for index in range(len(dataset))]
     crop = dataset.transform
     rows = {"decode, crop and flip": crop}
