@@ -35,10 +35,12 @@ def world_from_env():
                  int(env.get("TORCHELASTIC_RESTART_COUNT", 0)), int(env.get("LOCAL_WORLD_SIZE", 1)))
 
 
-def init_process_group(world, device, wait=1800):
+TORCH_WAIT_S = 1800  # torch's own default timeout for a collective
+
+
+def init_process_group(world, device, wait=TORCH_WAIT_S):
     """hccl on npu, nccl on cuda, gloo on cpu; none for a world of one. A collective times out after
-    ``wait`` seconds (torch's default; a run's: its Watchdog's collective_wait); a failed meeting is
-    one line."""
+    ``wait`` seconds (a run's: its Watchdog's collective_wait); a failed meeting is one line."""
     if world.size > 1 and not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         kwargs["timeout"] = datetime.timedelta(seconds=wait)

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from mobilenet.distributed import TORCH_WAIT_S
 from mobilenet.errors import ERROR_DIR, EXIT_FAILURE, STOPPED, report
 
 PUBLISH_EVERY_S = 2.0  # a rank says it is alive this often
@@ -36,8 +37,8 @@ class Watchdog:
 
     @property
     def collective_wait(self):
-        """A collective's timeout in s: twice this one and a minute (this names the culprit first), or 1800."""
-        return 2 * self.timeout + 60 if self.timeout > 0 else 1800
+        """A collective's timeout in s: twice this one and a minute (this names the culprit first), or torch's."""
+        return 2 * self.timeout + 60 if self.timeout > 0 else TORCH_WAIT_S
 
     def __enter__(self):
         self.wakeup_read, write = os.pipe()
