@@ -21,7 +21,7 @@ from mobilenet.device import describe, open_device
 from mobilenet.distributed import (any_rank, any_rank_restarted, destroy, every_rank, host_group, init_process_group,
                                    world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
-from mobilenet.logging import RunLogger, progress_line
+from mobilenet.logging import RunLogger, progress_line, run_directory
 from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown
 from mobilenet.measure import named_phase, profiler
 from mobilenet.state import TrainingState
@@ -137,9 +137,8 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
         if restarted:  # every rank resumes, from the one checkpoint rank 0 picks (restore)
             resume, fallback = "auto", resume
         # rank 0 holds the run directory; evaluation writes nothing
-        with ckpt.claim_run_directory(cfg["output"], resume=resume, start_over=start_over,
-                                      claim=world.is_main and not evaluate_only):
-            log = RunLogger(Path(cfg["output"]), enabled=world.is_main)
+        with run_directory(cfg["output"], resume=resume, start_over=start_over, main=world.is_main,
+                           claim=world.is_main and not evaluate_only) as log:
             if restarted:
                 log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
             if resume:  # first: its global batch is kept, on any number of processes

@@ -1,10 +1,15 @@
-"""Rank 0's output: console lines, TensorBoard scalars and metrics.jsonl. The lines keep the fields
-ModelZoo's test scripts read with awk: ``Epoch: [e][s/n] ...`` has img/s as field 9 and the loss
-as field 14, `` * Prec@1 X Prec@5 Y`` the top-1 as field 3; no other line has ``img/s`` or ``Epoch:``.
+"""The run directory: held by one live run (its lock); rank 0's console lines, TensorBoard scalars
+and metrics.jsonl there. The lines keep the fields ModelZoo's test scripts read with awk:
+``Epoch: [e][s/n] ...`` has img/s as field 9 and the loss as field 14, `` * Prec@1 X Prec@5 Y`` the
+top-1 as field 3; no other line has ``img/s`` or ``Epoch:``.
 """
+import contextlib
 import errno
+import fcntl
 import json
 import os
+import shutil
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -115,3 +120,79 @@ class RunLogger:
             self.tensorboard.close()
             self.metrics.close()
             self.metrics = None
+
+
+def run_files(run_dir):
+    """The files a run leaves in ``run_dir`` (checkpoints, metrics, TensorBoard events, summary)."""
+    run_dir = Path(run_dir)
+    found = [run_dir / name for name in ("checkpoints", "metrics.jsonl", "summary.json")
+             if (run_dir / name).exists()]
+    return found + sorted(run_dir.glob("events.out.tfevents.*"))
+
+
+def remove_temporaries(run_dir):
+    """Deletes the temporary files of saves that a crash interrupted; returns their paths."""
+    stale = sorted((Path(run_dir) / "checkpoints").glob(".*.tmp"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+class RunLock:
+    """An flock on ``run_dir``/.lock: a second live run stops; a dead run's goes with its process."""
+
+    def __init__(self, run_dir):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / ".lock"
+        self.file = None
+
+    def __enter__(self):
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a+")
+        except OSError as e:
+            raise UsageError(f"--output {self.run_dir}: cannot write there ({e.strerror})") from None
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise UsageError(f"--output {self.run_dir}: another run is using it ({holder}); wait for "
+                             f"it to end or stop it, or pass another --output") from None
+        try:
+            os.ftruncate(self.file.fileno(), 0)
+            os.write(self.file.fileno(), f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        except OSError as e:  # a full disk, say: found before anything is trained
+            self.file.close()
+            raise UsageError(f"--output {self.run_dir}: cannot write there ({e.strerror}); free some "
+                             f"space or pass another --output") from None
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()  # releases the lock
+
+
+@contextlib.contextmanager
+def run_directory(run_dir, *, resume, start_over, main=True, claim=True):
+    """The run directory, held while the run lasts: its RunLogger (rank 0, ``main``, writes) and its
+    lock (``claim``: rank 0 unless it only evaluates); a run in it is trained over only to resume it."""
+    if not claim:
+        yield RunLogger(run_dir, enabled=main)
+        return
+    with RunLock(run_dir):
+        for path in remove_temporaries(run_dir):
+            print(f"removed {path}, left by an interrupted save", flush=True)
+        previous = run_files(run_dir)
+        if previous and not resume:
+            if not start_over:
+                raise UsageError(f"--output {run_dir} holds a run ({previous[0].name}, ...); continue it "
+                                 f"with --resume auto, start over there with --start-over (its files go), "
+                                 f"or pass another --output")
+            for path in previous:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            print(f"--start-over: removed the previous run's files from {run_dir}", flush=True)
+        yield RunLogger(run_dir, enabled=main)

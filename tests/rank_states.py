@@ -13,12 +13,11 @@ from pathlib import Path
 
 import torch
 
-from mobilenet import checkpoint as ckpt
 from mobilenet.cli import build_parser, config_from_args
 from mobilenet.distributed import destroy, exit_process, init_process_group, world_from_env
 from mobilenet.engine import build_run, enter, fit
 from mobilenet.errors import TrainingFailure
-from mobilenet.logging import RunLogger
+from mobilenet.logging import run_directory
 from mobilenet.resume import prepare, restore
 from mobilenet.watchdog import Watchdog
 
@@ -36,12 +35,13 @@ def held_state(r):
 
 def train(args, world, device, resume=None, before_fit=None):
     cfg = config_from_args(build_parser().parse_intermixed_args(args))
-    with ckpt.claim_run_directory(cfg["output"], resume=resume, start_over=False, claim=world.is_main):
+    with run_directory(cfg["output"], resume=resume, start_over=False, main=world.is_main,
+                       claim=world.is_main) as log:
         if resume:
             cfg, chosen = prepare(cfg, resume)
-        output = Path(cfg["output"])
-        watchdog = Watchdog(cfg["train"]["stall_timeout"], world, cfg["data"]["path"], output / "checkpoints")
-        r = build_run(cfg, world, device, RunLogger(output, enabled=world.is_main), watchdog)
+        watchdog = Watchdog(cfg["train"]["stall_timeout"], world, cfg["data"]["path"],
+                            Path(cfg["output"]) / "checkpoints")
+        r = build_run(cfg, world, device, log, watchdog)
         if resume:
             restore(r, chosen)
         if before_fit:
