@@ -14,19 +14,16 @@ from mobilenet import resume as resume_policy
 from mobilenet.resume import data_changes
 from mobilenet.behaviours import behaviours_for
 from mobilenet.config import differing_settings, thaw
-from mobilenet.data.datasets import build_loaders
+from mobilenet.data.datasets import WorkerSignals, build_loaders, data_record
 from mobilenet.data.sources import build_datasets
-from mobilenet.data.datasets import WorkerSignals, data_record
 from mobilenet.device import describe, open_device
 from mobilenet.distributed import (any_rank, any_rank_restarted, destroy, every_rank, host_group, init_process_group,
                                    world_from_env)
 from mobilenet.errors import TrainingFailure, UsageError, mark_started, stop_signals
 from mobilenet.logging import RunLogger, progress_line, run_directory
-from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown
-from mobilenet.measure import named_phase, profiler
+from mobilenet.measure import COMPILE_STEPS, EpochMeter, OtherLoad, RunClock, StepBreakdown, named_phase, profiler
 from mobilenet.state import TrainingState
-from mobilenet.validation import read_summary, write_summary
-from mobilenet.validation import Accuracy, accuracy_line, validate
+from mobilenet.validation import Accuracy, accuracy_line, read_summary, validate, write_summary
 from mobilenet.watchdog import Watchdog, kill_loader_workers
 
 

@@ -134,12 +134,6 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_ops(fn):
-    with OpCounter() as counter:
-        fn()
-    return counter.count
-
-
 class PhaseOps:
     """A TrainStep phase hook that counts each phase's aten ops into ``counts``."""
 

@@ -112,13 +112,23 @@ def hyperparameters(optim):
     return {key: optim[key] for key in ALGORITHMS[optim["name"]].hyperparameters}
 
 
+class SettingsAccepted(Exception):
+    """Raised where the class first reads its parameters: it has checked its settings by then."""
+
+
+def no_parameters():
+    raise SettingsAccepted
+    yield
+
+
 def check_settings(optim):
     """One line where the algorithm's class refuses the settings together (SGD's nesterov without
-    momentum): its own check, asked on one tensor, so a new row is checked as its class checks."""
+    momentum): its own check, asked of no parameter (one imports torch's compiler: seconds)."""
     algorithm, hyper = ALGORITHMS[optim["name"]], hyperparameters(optim)
     try:
-        algorithm.torch_class([{"params": [torch.zeros(1, requires_grad=True)],
-                                "weight_decay": optim["weight_decay"]}], lr=optim["lr"], **hyper)
+        algorithm.torch_class(no_parameters(), lr=optim["lr"], weight_decay=optim["weight_decay"], **hyper)
+    except SettingsAccepted:
+        pass
     except ValueError as e:
         given = ", ".join(f"optim.{key}={value}" for key, value in hyper.items())
         raise UsageError(f"optim.name={optim['name']} with {given}: {algorithm.torch_class.__name__} refuses "

@@ -2,7 +2,7 @@
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from mobilenet.measure import count_ops
+from benchmarks.harness import count_ops
 from mobilenet.training import WeightEMA
 from mobilenet.model import MobileNetV1
 

@@ -32,7 +32,7 @@ def timed_step(args, overrides, impl, ema):
     """A function returning ms per step of the TrainStep for optimizer ``impl`` and ``ema``
     (none | app | torch), and the aten ops of one EMA update."""
 
-    from mobilenet.measure import count_ops
+    from benchmarks.harness import count_ops
     from mobilenet.config import build_config, resolve
     from mobilenet.device import open_device, synchronize
     from benchmarks.harness import synthetic_batch

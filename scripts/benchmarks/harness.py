@@ -14,7 +14,7 @@ import torch
 from mobilenet.config import CHOICES, build_config, resolve
 from mobilenet.engine import run
 from mobilenet.errors import UsageError
-from mobilenet.measure import COMPILE_STEPS, PHASES, OpCounter, OtherLoad, PhaseOps, count_ops
+from mobilenet.measure import COMPILE_STEPS, PHASES, OpCounter, OtherLoad, PhaseOps
 from mobilenet.training import no_phase
 from mobilenet.state import TrainingState
 
@@ -162,6 +162,13 @@ def synthetic_batch(cfg, batch=None, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator),
              torch.randint(0, cfg["model"]["num_classes"], (batch,), generator=generator))]
+
+
+def count_ops(fn):
+    """The aten ops that ``fn()`` dispatches."""
+    with OpCounter() as counter:
+        fn()
+    return counter.count
 
 
 def op_budget(cfg, device, warmup=3):

@@ -25,7 +25,7 @@ def build(model, name, implementation):
 
 def prepare(optimizer, device, iterations):
     """(aten ops of one step, a function returning ms/step over ``iterations`` steps)."""
-    from mobilenet.measure import count_ops
+    from benchmarks.harness import count_ops
     from mobilenet.device import synchronize
     for _ in range(3):  # lazy state (momentum buffers, fused buffers) and caches
         optimizer.step()
