@@ -37,6 +37,20 @@ def run_train(*args, cwd=ROOT, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture
+def refusal(capsys):
+    """train.main(ARGS) in this process, for a refusal's line: (exit code, stderr). The same code as
+    a process runs, without its start (torch's import: seconds); a real process's refusal, nothing
+    else on its stderr, is tested by test_config.py's test_cli_rejects_unknown_key_and_bad_value."""
+    import train
+
+    def refuse(*args):
+        capsys.readouterr()
+        code = train.main([*map(str, args)])
+        return code, capsys.readouterr().err
+    return refuse
+
+
 # Settings that keep a digits run to a few seconds, on the cpu also where a GPU is (the device
 # paths are tested by the tests marked cuda).
 TINY = ["device=cpu", "model.width_mult=0.25", "model.resolution=32", "train.log_every=5",

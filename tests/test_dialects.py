@@ -263,11 +263,11 @@ def test_a_meeting_that_fails_is_one_line_naming_whom_it_waited_for():
     (["--batch-siz", "8"], ["unrecognized arguments: --batch-siz"]),
     (["--momentum", "x"], ["--momentum", "invalid float value"]),
 ])
-def test_dialect_mistakes_are_one_line_errors(tmp_path, argv, fragments):
-    result = run_train(*argv, "--output", tmp_path)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+def test_dialect_mistakes_are_one_line_errors(tmp_path, refusal, argv, fragments):
+    code, stderr = refusal(*argv, "--output", tmp_path)
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
     assert all(fragment in lines[0] for fragment in fragments), lines[0]
 
 
@@ -277,11 +277,11 @@ def test_agreeing_flag_and_setting_are_accepted():
 
 
 @pytest.mark.parametrize("flag", sorted(REFUSED))
-def test_each_refused_launcher_flag_names_what_to_run(tmp_path, flag):
+def test_each_refused_launcher_flag_names_what_to_run(tmp_path, refusal, flag):
     nargs = REFUSED[flag][0]
-    result = run_train(flag, *["1"] * nargs, "--output", tmp_path)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
+    code, stderr = refusal(flag, *["1"] * nargs, "--output", tmp_path)
+    assert code == 2
+    lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}: train.py does not take it; ")
     assert "train.sh" in lines[0] or "--resume" in lines[0] or "--device" in lines[0]
 
