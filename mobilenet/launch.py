@@ -210,4 +210,5 @@ def waits(args):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mobilenet.distributed import exit_process
+    exit_process(main())
