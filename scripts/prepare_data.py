@@ -336,4 +336,5 @@ def progress(say, split, done, total, seconds):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mobilenet.distributed import exit_process
+    exit_process(main())  # as train.py: without the interpreter's teardown

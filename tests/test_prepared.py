@@ -18,6 +18,7 @@ from mobilenet.data.datasets import ImageFolderRGB
 from mobilenet.data.transforms import TrainCrop
 from prepare_data import prepare
 from mobilenet.data.prepared import PreparedImages
+from mobilenet.errors import STOP_SIGNALS
 
 
 def prepare_data(*args):
@@ -119,27 +120,40 @@ def test_a_stopped_preparation_does_not_train_and_continues(source, prepared, tm
                                                  for i in range(len(ours.samples)) if ours.lengths[i])
 
 
-def test_a_bad_source_or_destination_is_one_line_and_writes_nothing(source, prepared, tmp_path):
+def test_a_bad_source_or_destination_is_one_line_and_writes_nothing(source, prepared, tmp_path, capsys):
+    """The first in a process of its own, its one line alone; the others through the same main()
+    in this process (without a start of torch each)."""
+    import prepare_data as script
+
+    def refused(*args):
+        capsys.readouterr()
+        handlers = {stop: signal.getsignal(stop) for stop in STOP_SIGNALS}  # main() sets its own
+        try:
+            return script.main([*map(str, args)]), capsys.readouterr()
+        finally:
+            for stop, handler in handlers.items():
+                signal.signal(stop, handler)
+
     (tmp_path / "noval" / "train" / "a").mkdir(parents=True)
     shutil.copy(next((source / "train" / "0").iterdir()), tmp_path / "noval" / "train" / "a")
     result = prepare_data(tmp_path / "noval", tmp_path / "out")
     assert result.returncode == 2 and not (tmp_path / "out").exists() and result.stdout == ""
     assert result.stderr.splitlines() == [f"error: SRC {tmp_path / 'noval'}: no 'val' folder (expected "
                                           f"{tmp_path / 'noval'}/val/<class>/*.JPEG)"]
-    result = prepare_data(source, prepared, "--max-side", "256")
-    assert result.returncode == 2 and "holds a preparation of SRC with other settings" in result.stderr
+    code, output = refused(source, prepared, "--max-side", "256")
+    assert code == 2 and "holds a preparation of SRC with other settings" in output.err
     (tmp_path / "noval" / "val" / "a").mkdir(parents=True)
     shutil.copy(next((source / "val" / "0").iterdir()), tmp_path / "noval" / "val" / "a")
-    result = prepare_data(tmp_path / "noval", prepared)
-    assert result.returncode == 2 and "holds a preparation of another source" in result.stderr
+    code, output = refused(tmp_path / "noval", prepared)
+    assert code == 2 and "holds a preparation of another source" in output.err
     inside = source / "train" / "0" / "prepared"
-    result = prepare_data(source, inside)
-    assert result.returncode == 2 and not inside.exists() and result.stderr.splitlines() == [
+    code, output = refused(source, inside)
+    assert code == 2 and not inside.exists() and output.err.splitlines() == [
         f"error: DST {inside}: inside SRC {source}, whose class folders it would change; pass a folder outside SRC"]
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
-    result = prepare_data(source, tmp_path / "busy")
-    assert result.returncode == 2 and "not empty and not a prepared set" in result.stderr
+    code, output = refused(source, tmp_path / "busy")
+    assert code == 2 and "not empty and not a prepared set" in output.err
     assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
 
 
