@@ -38,16 +38,16 @@ def run_train(*args, cwd=ROOT, timeout=600):
 
 
 @pytest.fixture
-def refusal(capsys):
-    """train.main(ARGS) in this process, for a refusal's line: (exit code, stderr). The same code as
-    a process runs, without its start (torch's import: seconds); a real process's refusal, nothing
-    else on its stderr, is tested by test_config.py's test_cli_rejects_unknown_key_and_bad_value."""
+def refusal(capfd):
+    """train.main(ARGS) in this process, for a refusal's line: (exit code, stderr, file descriptor 2's
+    whole). The same code as a process runs, without its start (torch's import: seconds); a real
+    process's refusal is tested by test_config.py's test_cli_rejects_unknown_key_and_bad_value."""
     import train
 
     def refuse(*args):
-        capsys.readouterr()
+        capfd.readouterr()
         code = train.main([*map(str, args)])
-        return code, capsys.readouterr().err
+        return code, capfd.readouterr().err
     return refuse
 
 

@@ -173,11 +173,11 @@ def test_distributed_ranks_as_main_py_numbers_them(monkeypatch):
     assert resolved(["--distributed"])[1][0].endswith("meeting at 127.0.0.1:29500")
 
 
-def test_no_flag_is_reached_by_a_prefix(tmp_path):
+def test_no_flag_is_reached_by_a_prefix(tmp_path, refusal):
     for argv in (["--outp", str(tmp_path)], ["--prof"[:-1]], ["--batch", "8"]):
-        result = run_train(*argv)
-        assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
-        assert "unrecognized arguments" in result.stderr or "ambiguous" in result.stderr
+        code, stderr = refusal(*argv)
+        assert code == 2 and stderr.strip().count("\n") == 0, stderr
+        assert "unrecognized arguments" in stderr or "ambiguous" in stderr
     result = train_sh("--npro", "2")  # the launcher's flags too (train.sh forwards it to train.py)
     assert result.returncode == 2 and "unrecognized arguments: --npro" in result.stderr
 

@@ -147,7 +147,7 @@ def test_a_val_set_with_no_readable_image_is_an_error_after_saving_the_training(
     assert "checkpoints/last.pt and best.pt" in resumed.stdout.splitlines()[-1]
 
 
-def test_bad_inputs_are_one_line_errors(tmp_path, digits):
+def test_bad_inputs_are_one_line_errors(tmp_path, digits, refusal):
     (tmp_path / "empty" / "train").mkdir(parents=True)
     (tmp_path / "empty" / "val").mkdir()
     blocker = tmp_path / "file"
@@ -161,9 +161,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path, digits):
         (["--data", digits, "--resume", other], "wide.pt: model.0.0.weight has shape"),
     ]
     for args, fragment in cases:
-        result = run_train("--config", "configs/demo.yaml", *TINY, "--output", tmp_path / "out", *args)
-        assert result.returncode == 2, result.stderr
-        assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
+        code, stderr = refusal("--config", "configs/demo.yaml", *TINY, "--output", tmp_path / "out", *args)
+        assert code == 2, stderr
+        assert stderr.count("\n") == 1 and fragment in stderr, stderr
 
 
 def test_a_save_between_loss_checks_keeps_the_last_good_checkpoint(tmp_path):
