@@ -1,6 +1,6 @@
-"""What clusters do to a job: a rank killed (torchrun --max-restarts), several nodes meeting through
-torchrun's c10d rendezvous, and Slurm: its launch logic for two nodes, and, where Slurm is
-installed (.ci/run installs it), a real single-node Slurm job cancelled and resubmitted."""
+"""What clusters do to a job: a rank killed (torchrun --max-restarts), two nodes meeting through
+torchrun's c10d rendezvous as Slurm's launch logic starts them, and, where Slurm is installed
+(.ci/run installs it), a real single-node Slurm job cancelled and resubmitted."""
 import os
 import re
 import shutil
@@ -61,16 +61,21 @@ def test_killed_rank_restarts_from_the_periodic_checkpoint(tmp_path, straight_tw
     assert_same_weights(straight_two_ranks, out)
 
 
-def test_two_nodes_through_c10d_rendezvous_match_one_node(tmp_path, straight_two_ranks):
-    """Two node agents on this machine (--nnodes 2, node ranks 0 and 1 at 127.0.0.1), one process
-    each, against one node with two processes."""
-    out, port = tmp_path / "run", free_port()
-    nodes = [subprocess.Popen(["bash", "train.sh", *ONE_RANK_EACH, "--nproc", "1", "--nnodes", "2",
-                               "--node-rank", str(rank), "--master-addr", "127.0.0.1",
-                               "--master-port", str(port), "--output", str(out)],
-                              cwd=ROOT, env=ONE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-             for rank in (0, 1)]
+def test_two_nodes_through_c10d_rendezvous_as_slurm_launches_them_match_one_node(tmp_path, straight_two_ranks,
+                                                                                  request):
+    """scripts/slurm/launch.sh as srun runs it on each of two nodes (the environment Slurm sets;
+    both 'nodes' on this machine): train.sh's node agents (--nnodes 2, node ranks 0 and 1, torchrun's
+    c10d rendezvous), one process each, against one node with two processes."""
+    out = tmp_path / "run"
+    env = {**ONE_THREAD, "NPROC_PER_NODE": "1", "MASTER_PORT": str(free_port())}
+    if shutil.which("slurmctld"):  # scontrol expands SLURM_JOB_NODELIST with the cluster's config
+        env.update(SLURM_CONF=request.getfixturevalue("slurm")["SLURM_CONF"])
+    else:  # without Slurm, name the first node as srun users may
+        env["MASTER_ADDR"] = "127.0.0.1"
+    nodes = [subprocess.Popen(["bash", "scripts/slurm/launch.sh", *ONE_RANK_EACH, "--output", str(out)],
+                              cwd=ROOT, env={**env, **slurm_environment(node, 2, "4242")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for node in (0, 1)]
     results = [node.communicate(timeout=240) for node in nodes]
     for node, (stdout, stderr) in zip(nodes, results):
         assert node.returncode == 0, stderr[-3000:]
@@ -86,25 +91,6 @@ def slurm_environment(node, nodes, job):
     return {"SLURM_JOB_ID": job, "SLURM_NNODES": str(nodes), "SLURM_NODEID": str(node),
             "SLURM_JOB_NODELIST": "localhost", "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
             "SLURM_NTASKS": str(nodes)}
-
-
-def test_slurm_launch_logic_for_two_nodes(tmp_path, straight_two_ranks, request):
-    """scripts/slurm/launch.sh as srun runs it on each of two nodes (the environment Slurm sets;
-    both 'nodes' on this machine), against one node with two processes."""
-    out = tmp_path / "run"
-    env = {**ONE_THREAD, "NPROC_PER_NODE": "1", "MASTER_PORT": str(free_port())}
-    if shutil.which("slurmctld"):  # scontrol expands SLURM_JOB_NODELIST with the cluster's config
-        env.update(SLURM_CONF=request.getfixturevalue("slurm")["SLURM_CONF"])
-    else:  # without Slurm, name the first node as srun users may
-        env["MASTER_ADDR"] = "127.0.0.1"
-    nodes = [subprocess.Popen(["bash", "scripts/slurm/launch.sh", *ONE_RANK_EACH, "--output", str(out)],
-                              cwd=ROOT, env={**env, **slurm_environment(node, 2, "4242")},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for node in (0, 1)]
-    for node in nodes:
-        stdout, stderr = node.communicate(timeout=240)
-        assert node.returncode == 0, stderr[-3000:]
-    assert_same_weights(straight_two_ranks, out)
 
 
 @pytest.fixture(scope="module")
