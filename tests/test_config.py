@@ -52,10 +52,12 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path):
 
 
 def assert_one_line_error(result, *fragments):
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr
+    """``result``: a CompletedProcess, or the refusal fixture's (exit code, stderr)."""
+    code, stderr = (result.returncode, result.stderr) if hasattr(result, "returncode") else result
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr
     for fragment in fragments:
         assert fragment in lines[0]
 
@@ -66,17 +68,15 @@ def test_cli_rejects_unknown_key_and_bad_value(tmp_path):
     assert_one_line_error(run_train("--config", tmp_path / "none.yaml"), "none.yaml")
 
 
-def test_cli_rejects_missing_data_folder(tmp_path):
+def test_cli_rejects_missing_data_folder(tmp_path, refusal):
     missing = tmp_path / "imagenet"
-    assert_one_line_error(run_train("--data", missing, "--output", tmp_path / "run", *TINY),
-                          str(missing), "train")
+    assert_one_line_error(refusal("--data", missing, "--output", tmp_path / "run", *TINY), str(missing), "train")
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_cli_rejects_class_count_mismatch(tmp_path, digits):
-    result = run_train("--data", digits, "--output", tmp_path, *TINY, "model.num_classes=1000",
-                       "--config", "configs/demo.yaml")
-    assert_one_line_error(result, "10 classes", "model.num_classes=1000")
+def test_cli_rejects_class_count_mismatch(tmp_path, digits, refusal):
+    assert_one_line_error(refusal("--data", digits, "--output", tmp_path, *TINY, "model.num_classes=1000",
+                                  "--config", "configs/demo.yaml"), "10 classes", "model.num_classes=1000")
 
 
 def test_resolve_computes_derived_values_once_into_a_read_only_config():

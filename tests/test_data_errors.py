@@ -171,11 +171,10 @@ def test_links_back_up_the_tree_are_read_once(tmp_path, digits):
     assert len(warnings) == 1 and warnings[0].startswith(f"warning: {data / 'train'}: 3 folder(s)"), warnings
 
 
-def test_a_data_path_the_system_refuses_is_one_line(tmp_path):
-    from conftest import run_train
-    result = run_train("--data", "/tmp/" + "x" * 300, "--output", tmp_path / "run", *TINY)
-    assert result.returncode == 2 and result.stderr.strip().endswith("File name too long"), result.stderr
-    assert result.stderr.strip().startswith("error: --data /tmp/xxx") and len(result.stderr.strip().splitlines()) == 1
+def test_a_data_path_the_system_refuses_is_one_line(tmp_path, refusal):
+    code, stderr = refusal("--data", "/tmp/" + "x" * 300, "--output", tmp_path / "run", *TINY)
+    assert code == 2 and stderr.strip().endswith("File name too long"), stderr
+    assert stderr.strip().startswith("error: --data /tmp/xxx") and len(stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run" / "traceback-rank0.txt").exists()
 
 
