@@ -126,7 +126,7 @@ def check_settings(optim):
     momentum): its own check, asked of no parameter (one imports torch's compiler: seconds)."""
     algorithm, hyper = ALGORITHMS[optim["name"]], hyperparameters(optim)
     try:
-        algorithm.torch_class(no_parameters(), lr=optim["lr"], weight_decay=optim["weight_decay"], **hyper)
+        algorithm.torch_class(no_parameters(), lr=optim["lr"], **hyper)  # weight decay is each group's
     except SettingsAccepted:
         pass
     except ValueError as e:
