@@ -24,11 +24,13 @@ def digits(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def torch_threads_kept():
     """An in-process run under --distributed sets torch's thread count as torchrun would
-    (OMP_NUM_THREADS=1); later in-process runs must not inherit it: floats depend on it, and
-    the resume tests compare weights bit for bit with runs in other processes."""
-    threads = torch.get_num_threads()
+    (OMP_NUM_THREADS=1), one with train.deterministic=true torch's deterministic kernels (left on
+    by test_boundaries before); later in-process runs must not inherit them: floats depend on them,
+    and the resume tests compare weights bit for bit with runs in other processes."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     yield
     torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
 
 
 def run_train(*args, cwd=ROOT, timeout=600):
