@@ -62,15 +62,14 @@ joined = False  # whether this process was in a process group (exit_process)
 
 
 def exit_process(code):
-    """Ends the process with ``code`` without the interpreter's teardown: it frees torch's objects
-    one by one (a second of each end on a 2-core machine), and after a process group torch's C++
-    threads can abort it (pytorch/pytorch#190489). The exit handlers run first (not after a process
-    group: as before), then the garbage is collected and the output flushed."""
+    """Ends the process with ``code`` without the interpreter's teardown (it frees torch's objects one
+    by one: a second of each end here; after a process group torch's C++ threads can abort it,
+    pytorch/pytorch#190489): the exit handlers first (outside a group), the output flushed last."""
     if not joined:
         atexit._run_exitfuncs()
     gc.collect()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     os._exit(code)
 
 

@@ -9,9 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from mobilenet import checkpoint as ckpt
-from mobilenet import resume as resume_policy
-from mobilenet.resume import data_changes
+from mobilenet import checkpoint as ckpt, resume as resume_policy
 from mobilenet.behaviours import behaviours_for
 from mobilenet.config import differing_settings, thaw
 from mobilenet.data.datasets import WorkerSignals, build_loaders, data_record
@@ -210,7 +208,7 @@ def check_same_job(r):
             raise UsageError(f"rank {rank} was given other settings than rank 0: {key} is {theirs!r} there, "
                              f"{ours!r} on rank 0{f' (and {len(differ) - 1} more)' if len(differ) > 1 else ''}; "
                              f"start every process of the job with the same command and settings")
-        changed = data_changes(data, their_data, then="on rank 0", here="there")
+        changed = resume_policy.data_changes(data, their_data, then="on rank 0", here="there")
         if changed:
             raise UsageError(f"rank {rank} reads other data than rank 0 ({changed}); every node needs the "
                              f"same copy of the dataset")
