@@ -1,7 +1,7 @@
 """torch.distributed from the torchrun environment: one process per card, rank-0 I/O."""
+import atexit
 import datetime
 import functools
-import atexit
 import gc
 import os
 import re
