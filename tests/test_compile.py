@@ -53,8 +53,9 @@ def test_compiled_step_agrees_with_eager(impl, level):
 def test_the_lr_schedule_reaches_the_compiled_optimizer_without_recompiling():
     from torch._dynamo.utils import counters
     generator = torch.Generator().manual_seed(1)
-    batch = (torch.randn(16, 3, 32, 32, generator=generator), torch.randint(0, 10, (16,), generator=generator))
-    step, _ = steps_of(True, "fused", "O1", [batch] * 2)
+    batch = (torch.randn(16, 3, 32, 32, generator=generator).contiguous(memory_format=torch.channels_last),
+             torch.randint(0, 10, (16,), generator=generator))
+    step, _ = steps_of(True, "fused", "O1", [batch] * 2)  # the graph of the test above: inductor's cache has it
     lr = step.optimizer.param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor) and lr.dtype == torch.float32  # build_train_step made it
     scheduler = torch.optim.lr_scheduler.LambdaLR(step.optimizer, lambda i: 1 / (i + 1))
@@ -70,7 +71,9 @@ def test_the_lr_schedule_reaches_the_compiled_optimizer_without_recompiling():
 
 def test_compiled_run_resumes_bit_identical_with_plain_checkpoint_keys(tmp_path, digits, capsys):
     base = ["--config", "configs/demo.yaml", "--data", str(digits), *TINY, "--compile", "--grad-accum-steps", "2",
-            "train.max_steps_per_epoch=6"]  # the compiled step accumulates two forwards
+            "train.max_steps_per_epoch=6",  # the compiled step accumulates two forwards
+            # the model, batch and precision of test_compiled_step_agrees_with_eager[fused-O1]: its graphs
+            "data.batch_size=16", "amp.level=O1", "amp.dtype=bfloat16", "amp.backend=native", "optim.impl=fused"]
     assert train.main([*base, "--output", str(tmp_path / "straight"), "--epochs", "2"]) == 0
     out = capsys.readouterr().out
     assert "compile: the first 2 steps took" in out and "img/s" not in out.split("compile:")[1].splitlines()[0]
