@@ -53,6 +53,21 @@ def refusal(capfd):
     return refuse
 
 
+@pytest.fixture
+def one_thread_run(capfd):
+    """train.main(ARGS) in this process at one thread, as torchrun starts a job's processes (so
+    its float sums are theirs): a CompletedProcess without a process's start (seconds of imports)."""
+    import train
+
+    def run(*args):
+        capfd.readouterr()
+        torch.set_num_threads(1)  # torch_threads_kept restores it
+        code = train.main([*map(str, args)])
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+    return run
+
+
 # Settings that keep a digits run to a few seconds, on the cpu also where a GPU is (the device
 # paths are tested by the tests marked cuda).
 TINY = ["device=cpu", "model.width_mult=0.25", "model.resolution=32", "train.log_every=5",

@@ -17,7 +17,7 @@ from mobilenet.training import BatchMix
 from mobilenet.data.datasets import ResumableSampler
 from mobilenet.data.sources import SOURCES
 from mobilenet.errors import UsageError
-from test_accumulation import ONE_THREAD, RUN, train_py, weights
+from test_accumulation import ONE_THREAD, RUN, weights
 
 EVERYTHING = ["augment.random_erase=0.5", "augment.mixup_alpha=0.2", "augment.cutmix_alpha=1.0", "augment.ra_reps=2"]
 
@@ -67,9 +67,9 @@ def two_processes_augmented(tmp_path_factory, digits):
 
 
 def test_one_process_accumulating_two_forwards_draws_what_two_processes_draw(two_processes_augmented, digits,
-                                                                              tmp_path):
-    one = train_py(*RUN, *EVERYTHING, "augment.policy=augmix", "--data", digits, "--grad-accum-steps", "2",
-                   "--output", tmp_path / "one")
+                                                                              tmp_path, one_thread_run):
+    one = one_thread_run(*RUN, *EVERYTHING, "augment.policy=augmix", "--data", digits, "--grad-accum-steps", "2",
+                         "--output", tmp_path / "one")
     assert one.returncode == 0, one.stderr[-2000:]
     ours, theirs = weights(tmp_path / "one"), weights(two_processes_augmented)
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
