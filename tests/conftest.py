@@ -54,14 +54,15 @@ def refusal(capfd):
 
 
 @pytest.fixture
-def one_thread_run(capfd):
-    """train.main(ARGS) in this process at one thread, as torchrun starts a job's processes (so
-    its float sums are theirs): a CompletedProcess without a process's start (seconds of imports)."""
+def train_here(capfd):
+    """train.main(ARGS) in this process: a CompletedProcess without a process's start (seconds of
+    imports). ``one_thread``: at one thread, as torchrun starts a job's processes (their float sums)."""
     import train
 
-    def run(*args):
+    def run(*args, one_thread=False):
         capfd.readouterr()
-        torch.set_num_threads(1)  # torch_threads_kept restores it
+        if one_thread:
+            torch.set_num_threads(1)  # torch_threads_kept restores it
         code = train.main([*map(str, args)])
         out, err = capfd.readouterr()
         return subprocess.CompletedProcess(args, code, out, err)

@@ -59,15 +59,15 @@ def two_processes(tmp_path_factory, digits):
 
 
 def test_one_process_accumulating_two_forwards_trains_what_two_processes_train(two_processes, digits, tmp_path,
-                                                                                one_thread_run):
-    one = one_thread_run(*RUN, "--data", digits, "--grad-accum-steps", "2", "--output", tmp_path / "one")
+                                                                                train_here):
+    one = train_here(*RUN, "--data", digits, "--grad-accum-steps", "2", "--output", tmp_path / "one", one_thread=True)
     assert one.returncode == 0, one.stderr[-2000:]
     assert "batch 16 per process x 1 x 2 forwards accumulated = 32 global" in one.stdout
     ours, theirs = weights(tmp_path / "one"), weights(two_processes)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
-def test_two_processes_stopped_mid_epoch_go_on_as_one(two_processes, digits, tmp_path, one_thread_run):
+def test_two_processes_stopped_mid_epoch_go_on_as_one(two_processes, digits, tmp_path, train_here):
     """SIGTERM to a 2-process run mid-epoch; the resume on one process keeps the global batch (it
     accumulates 2 forwards, said in one note) and ends with the straight 2-process run's weights."""
     out = tmp_path / "run"
@@ -87,7 +87,7 @@ def test_two_processes_stopped_mid_epoch_go_on_as_one(two_processes, digits, tmp
                      "--grad-accum-steps", "2", env=ONE_THREAD)
     assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1, other.stderr[-3000:]
     assert "at global batch 32; this run's is 64" in other.stderr and "train.resume_next_epoch=true" in other.stderr
-    resumed = one_thread_run(*RUN, "--data", digits, "--output", out, "--resume", "auto")
+    resumed = train_here(*RUN, "--data", digits, "--output", out, "--resume", "auto", one_thread=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert ("note: the checkpoint trained with 2 process(es) x data.batch_size 16 x 1 forward(s) = global batch 32, "
             "lr 0.1; this run has 1 x 16 x 2 = 32, lr 0.1, the same global batches") in resumed.stdout
@@ -111,12 +111,12 @@ def test_each_rank_draws_from_a_generator_seeded_for_its_rank(two_processes):
     assert not torch.equal(saved["rng"][0]["torch"], saved["rng"][1]["torch"])
 
 
-def test_four_forwards_on_one_process_against_four_processes(digits, tmp_path, one_thread_run):
+def test_four_forwards_on_one_process_against_four_processes(digits, tmp_path, train_here):
     """The same ids per forward (above); the first optimizer step's weights within 1e-6 relative (gloo
     adds four ranks' grads in another order than one process adds four forwards')."""
     first = [*RUN, "--data", digits, "train.max_steps=1"]
     four = train_sh("--nproc", "4", *first, "--output", tmp_path / "four", env=ONE_THREAD)
-    one = one_thread_run(*first, "data.global_batch=64", "--output", tmp_path / "one")
+    one = train_here(*first, "data.global_batch=64", "--output", tmp_path / "one", one_thread=True)
     assert four.returncode == 0 and one.returncode == 0, (four.stderr[-1000:], one.stderr[-1000:])
     ours, theirs = weights(tmp_path / "one"), weights(tmp_path / "four")
     for key in ours:

@@ -67,9 +67,9 @@ def two_processes_augmented(tmp_path_factory, digits):
 
 
 def test_one_process_accumulating_two_forwards_draws_what_two_processes_draw(two_processes_augmented, digits,
-                                                                              tmp_path, one_thread_run):
-    one = one_thread_run(*RUN, *EVERYTHING, "augment.policy=augmix", "--data", digits, "--grad-accum-steps", "2",
-                         "--output", tmp_path / "one")
+                                                                              tmp_path, train_here):
+    one = train_here(*RUN, *EVERYTHING, "augment.policy=augmix", "--data", digits, "--grad-accum-steps", "2",
+                     "--output", tmp_path / "one", one_thread=True)
     assert one.returncode == 0, one.stderr[-2000:]
     ours, theirs = weights(tmp_path / "one"), weights(two_processes_augmented)
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)

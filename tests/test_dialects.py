@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import ROOT, assert_same_weights, free_port, run_train, train_sh
+from conftest import ROOT, assert_same_weights, free_port, train_sh
 from mobilenet.cli import build_parser, config_from_args
 from mobilenet.cli import REFUSED
 from mobilenet.config import thaw
@@ -182,14 +182,14 @@ def test_no_flag_is_reached_by_a_prefix(tmp_path, refusal):
     assert result.returncode == 2 and "unrecognized arguments: --npro" in result.stderr
 
 
-def test_their_performance_command_lines_run(tmp_path, digits, monkeypatch):
+def test_their_performance_command_lines_run(tmp_path, digits, monkeypatch, train_here):
     """main.py's two performance lines (their scripts' own), on the demo data, a few steps: 1 card
     with --max_steps (2 + 1 batches here), and the 8-card way with 2 processes this test starts,
     which must train as bash train.sh --nproc 2 does with the same settings."""
     small = ["device=cpu", "model.width_mult=0.25", "model.resolution=32", "model.num_classes=10"]
-    one = run_train("--arch=mobilenet", f"--data={digits}", "--batch_size=256", "--learning-rate=0.1",
-                    "--epochs=1", "--max_steps=1", "--device_id=0", "--apex", "--apex-opt-level=O2",
-                    "--workers=1", "--print-freq=10", *small, "--output", tmp_path / "1p")
+    one = train_here("--arch=mobilenet", f"--data={digits}", "--batch_size=256", "--learning-rate=0.1",
+                     "--epochs=1", "--max_steps=1", "--device_id=0", "--apex", "--apex-opt-level=O2",
+                     "--workers=1", "--print-freq=10", *small, "--output", tmp_path / "1p")
     assert one.returncode == 0, one.stderr[-2000:]
     config = yaml.safe_load((tmp_path / "1p" / "config.yaml").read_text())
     assert config["train"]["max_steps_per_epoch"] == 3 and config["amp"]["loss_scale"] == 1024

@@ -105,7 +105,7 @@ def test_decodes_cmyk_gray_png_and_skips_broken_files(tmp_path, capfd):
         ImageFolderRGB(folder.parent, ValCrop(24, 1.0), strict=True)[names.index("garbage.JPEG")]
 
 
-def test_training_skips_broken_files_or_stops_when_strict(tmp_path):
+def test_training_skips_broken_files_or_stops_when_strict(tmp_path, train_here):
     data = tmp_path / "data"
     write_broken_folder(data)
     (data / "val").mkdir()
@@ -113,16 +113,16 @@ def test_training_skips_broken_files_or_stops_when_strict(tmp_path):
     write_broken_folder(data)
     base = ["--data", data, "--config", "configs/demo.yaml", *TINY, "model.num_classes=1",
             "data.batch_size=2", "data.workers=2", "--epochs", "1"]
-    result = run_train(*base, "--output", tmp_path / "lenient")
+    result = train_here(*base, "--output", tmp_path / "lenient")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "garbage.JPEG" in result.stderr
     assert json.loads((tmp_path / "lenient" / "summary.json").read_text())["unreadable_images"] >= 2
-    strict = run_train(*base, "--output", tmp_path / "strict", "data.strict=true")
+    strict = train_here(*base, "--output", tmp_path / "strict", "data.strict=true")
     assert strict.returncode == 2 and strict.stderr.count("\n") == 1
     assert "unreadable image" in strict.stderr and "data.strict=true" in strict.stderr
 
 
-def test_a_val_set_with_no_readable_image_is_an_error_after_saving_the_training(tmp_path, digits):
+def test_a_val_set_with_no_readable_image_is_an_error_after_saving_the_training(tmp_path, digits, train_here):
     """Every val file unreadable: no accuracy to report, so not a success (exit 2, one line); the
     epoch's training is saved in last.pt (no best.pt), and resumes once the val files are fixed."""
     data = tmp_path / "data"
@@ -132,7 +132,7 @@ def test_a_val_set_with_no_readable_image_is_an_error_after_saving_the_training(
     out = tmp_path / "run"
     base = ["--data", data, "--config", "configs/demo.yaml", *TINY, "train.max_steps_per_epoch=3",
             "--epochs", "2", "--output", out]
-    result = run_train(*base)
+    result = train_here(*base)
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if not line.startswith("warning:")]
     assert errors == [f"error: --data {data}: none of the 360 val images could be read (see the warnings), "
@@ -141,7 +141,7 @@ def test_a_val_set_with_no_readable_image_is_an_error_after_saving_the_training(
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["last.pt"]
     shutil.rmtree(data / "val")
     shutil.copytree(digits / "val", data / "val")
-    resumed = run_train(*base, "--resume", "auto")
+    resumed = train_here(*base, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout and "epoch 1, batch 0" in resumed.stdout
     assert "checkpoints/last.pt and best.pt" in resumed.stdout.splitlines()[-1]
