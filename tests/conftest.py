@@ -40,20 +40,6 @@ def run_train(*args, cwd=ROOT, timeout=600):
 
 
 @pytest.fixture
-def refusal(capfd):
-    """train.main(ARGS) in this process, for a refusal's line: (exit code, stderr, file descriptor 2's
-    whole). The same code as a process runs, without its start (torch's import: seconds); a real
-    process's refusal is tested by test_config.py's test_cli_rejects_unknown_key_and_bad_value."""
-    import train
-
-    def refuse(*args):
-        capfd.readouterr()
-        code = train.main([*map(str, args)])
-        return code, capfd.readouterr().err
-    return refuse
-
-
-@pytest.fixture
 def train_here(capfd):
     """train.main(ARGS) in this process: a CompletedProcess without a process's start (seconds of
     imports). ``one_thread``: at one thread, as torchrun starts a job's processes (their float sums)."""
@@ -67,6 +53,16 @@ def train_here(capfd):
         out, err = capfd.readouterr()
         return subprocess.CompletedProcess(args, code, out, err)
     return run
+
+
+@pytest.fixture
+def refusal(train_here):
+    """train_here for a refusal's line: (exit code, file descriptor 2's whole). A real process's
+    refusal is tested by test_config.py's test_cli_rejects_unknown_key_and_bad_value."""
+    def refuse(*args):
+        result = train_here(*args)
+        return result.returncode, result.stderr
+    return refuse
 
 
 # Settings that keep a digits run to a few seconds, on the cpu also where a GPU is (the device

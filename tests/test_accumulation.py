@@ -1,7 +1,8 @@
 """Gradient accumulation and another number of processes (train.grad_accum_steps, data.global_batch):
 one process accumulating A forwards trains what A processes train, forward by forward; a run
-stopped mid-epoch goes on with another number of processes at the same global batch. Processes
-run with OMP_NUM_THREADS=1 (as torchrun starts them), so their float sums are the same."""
+stopped mid-epoch goes on with another number of processes at the same global batch. Every run is
+at one thread (torchrun's processes with OMP_NUM_THREADS=1, the one-process side in this process
+through train_here's one_thread), so their float sums are the same."""
 import contextlib
 import json
 import os
