@@ -348,8 +348,7 @@ def resolve(cfg, *, name="run", world=None, command_line=(), probe=True):
     measure the card (not in the launcher's check)."""
     from mobilenet.amp import choose_backend
     from mobilenet.data.sources import auto_workers, choose_decode, source_name
-    from mobilenet.device import choose_compile
-    from mobilenet.device import choose_device
+    from mobilenet.device import choose_compile, choose_device
     from mobilenet.distributed import world_from_env
     from mobilenet.optim import choose_implementation, describe_optimizer
 

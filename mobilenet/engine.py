@@ -148,7 +148,7 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
             enter(r, "at_start")
             if r.state.finished and not r.state.awaiting_validation:
                 return already_complete(r)
-            r.log.start(config=thaw(r.cfg), resumed_at=r.state.resumed_at)  # once the run is known to start
+            r.log.start(config=r.state.records["config"], resumed_at=r.state.resumed_at)  # once it is known to start
             return fit(r)
     finally:
         destroy()
