@@ -137,8 +137,7 @@ def run(cfg, *, resume=None, evaluate_only=False, start_over=False):
             if restarted:
                 log.info(f"torchrun restart {world.restart}: every rank resumes from rank 0's newest checkpoint")
             if resume:  # first: its global batch is kept, on any number of processes
-                cfg, chosen = resume_policy.prepare(cfg, resume, fallback=fallback, evaluate_only=evaluate_only,
-                                                    say=log.info)
+                cfg, chosen = resume_policy.prepare(cfg, resume, log, fallback=fallback, evaluate_only=evaluate_only)
             r = build_run(cfg, world, device, log, watchdog)
             check_same_job(r)
             if resume:

@@ -28,10 +28,11 @@ def split_of(cfg):
                  derived.get("global_batch"), derived.get("lr"))
 
 
-def prepare(cfg, resume, *, fallback=None, evaluate_only=False, say=print):
-    """(cfg, (path, checkpoint)) for ``resume`` (a file, or 'auto': the one that got furthest, else
-    ``fallback``; (None, None): a fresh start). Rank 0 reads it and sends it to every rank."""
-    path, checkpoint = from_rank0(lambda: choose(resume, fallback, evaluate_only, cfg["output"], say))
+def prepare(cfg, resume, log, *, fallback=None, evaluate_only=False):
+    """(cfg, (path, checkpoint)) for ``resume`` (a file, or 'auto': the one in ``log``'s run directory
+    that got furthest, else ``fallback``; (None, None): a fresh start). Rank 0 reads it and sends it to
+    every rank."""
+    path, checkpoint = from_rank0(lambda: choose(resume, fallback, evaluate_only, log.run_dir, log.info))
     if not evaluate_only:
         cfg = with_checkpoints_global_batch(cfg, checkpoint, path)
     return cfg, (path, checkpoint)

@@ -38,7 +38,7 @@ def train(args, world, device, resume=None, before_fit=None):
     with run_directory(cfg["output"], resume=resume, start_over=False, main=world.is_main,
                        claim=world.is_main) as log:
         if resume:
-            cfg, chosen = prepare(cfg, resume)
+            cfg, chosen = prepare(cfg, resume, log)
         watchdog = Watchdog(cfg["train"]["stall_timeout"], world, cfg["data"]["path"],
                             Path(cfg["output"]) / "checkpoints")
         r = build_run(cfg, world, device, log, watchdog)
